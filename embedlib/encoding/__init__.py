@@ -1,0 +1,1 @@
+"""Encoding stage: pooling, quantization, batching and the ``Encoder``."""

@@ -1,0 +1,114 @@
+"""Pooling, quantization and similarity of embeddings (pplx-embed §4.3).
+
+- mean pooling over non-padding tokens;
+- Matryoshka truncation to ``dim`` BEFORE quantization;
+- INT8: ``round(127 * tanh(mean))``; training uses a straight-through estimator (forward = rounded,
+  backward = gradient of ``127 * tanh``);
+- binary: ``sign(mean)`` of the unquantized mean, packed 8 dimensions per byte (bit set = positive);
+- cosine for int8 (the vectors are not normalized), Hamming for binary.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+Quantization = Literal["float", "int8", "binary"]
+QUANTIZATIONS: tuple[str, ...] = ("float", "int8", "binary")
+INT8_SCALE = 127.0
+
+
+def mean_pool(token_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the token states over positions where ``attention_mask`` is 1: ``(B, L, d) -> (B, d)``."""
+    mask = attention_mask.unsqueeze(-1).to(token_states.dtype)
+    summed = (token_states * mask).sum(dim=1)
+    return summed / mask.sum(dim=1).clamp(min=1.0)
+
+
+def truncate(embeddings: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """Matryoshka truncation to the first ``dim`` dimensions (``None``: keep all)."""
+    if dim is None:
+        return embeddings
+    full = embeddings.shape[-1]
+    if not 0 < dim <= full:
+        raise ValueError(f"dim must be in 1..{full}, got {dim}")
+    return embeddings[..., :dim]
+
+
+class _RoundStraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def int8_straight_through(pooled: torch.Tensor) -> torch.Tensor:
+    """Training-time INT8: values equal ``round(127·tanh(x))``, gradients those of ``127·tanh(x)``."""
+    return _RoundStraightThrough.apply(INT8_SCALE * torch.tanh(pooled))
+
+
+def quantize_int8(pooled: torch.Tensor) -> torch.Tensor:
+    """Inference-time INT8 codes (dtype int8) of the pooled vectors."""
+    return torch.round(INT8_SCALE * torch.tanh(pooled.float())).to(torch.int8)
+
+
+def quantize_binary(pooled: torch.Tensor) -> np.ndarray:
+    """``sign(x)`` packed 8 per byte, big-endian bit order (``np.packbits``): ``(n, d) -> (n, ceil(d/8))``."""
+    bits = (pooled.float() > 0).cpu().numpy()
+    return np.packbits(bits, axis=-1)
+
+
+def unpack_binary(codes: np.ndarray, dim: int) -> np.ndarray:
+    """±1 float vectors from packed binary codes."""
+    bits = np.unpackbits(codes, axis=-1, count=dim)
+    return bits.astype(np.float32) * 2.0 - 1.0
+
+
+def quantize(pooled: torch.Tensor, quantization: Quantization) -> np.ndarray:
+    """Turn pooled float vectors into the stored representation for ``quantization``."""
+    if quantization == "float":
+        return pooled.float().cpu().numpy()
+    if quantization == "int8":
+        return quantize_int8(pooled).cpu().numpy()
+    if quantization == "binary":
+        return quantize_binary(pooled)
+    raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+
+
+def output_width(dim: int, quantization: Quantization) -> int:
+    """Columns of the stored array for ``dim`` dimensions."""
+    return (dim + 7) // 8 if quantization == "binary" else dim
+
+
+def output_dtype(quantization: Quantization) -> np.dtype:
+    return {"float": np.dtype(np.float32), "int8": np.dtype(np.int8), "binary": np.dtype(np.uint8)}[quantization]
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise cosine between the rows of ``a`` and ``b`` (float or int8 inputs)."""
+    a = a.astype(np.float32)
+    b = b.astype(np.float32)
+    a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return a @ b.T
+
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int32)
+
+
+def hamming_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise Hamming distance between packed binary codes ``(n, B)`` and ``(m, B)``."""
+    xor = np.bitwise_xor(a[:, None, :], b[None, :, :])
+    return _POPCOUNT[xor].sum(axis=-1)
+
+
+def similarity(a: np.ndarray, b: np.ndarray, quantization: Quantization) -> np.ndarray:
+    """Higher-is-better pairwise scores: cosine, or ``-hamming`` for binary codes."""
+    if quantization == "binary":
+        return -hamming_distance(a, b).astype(np.float32)
+    return cosine_similarity(a, b)

@@ -1,0 +1,86 @@
+"""BEIR-layout datasets (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) from any fsspec URL."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+
+from embedlib import storage
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be evaluated; the message names the file and the offending ids."""
+
+
+@dataclass
+class BeirDataset:
+    corpus: dict[str, dict[str, str]]  # id -> {"title", "text"}
+    queries: dict[str, str]  # id -> text
+    qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
+    source: str
+
+    def doc_ids(self) -> list[str]:
+        return list(self.corpus)
+
+    def doc_texts(self, with_title: bool = True) -> list[str]:
+        """Document texts as BEIR/sentence-transformers embed them: ``title + " " + text``."""
+        return [
+            f"{doc['title']} {doc['text']}".strip() if with_title and doc.get("title") else doc["text"]
+            for doc in self.corpus.values()
+        ]
+
+    def judged_queries(self) -> dict[str, str]:
+        """The queries that have at least one qrels row, in file order."""
+        return {qid: text for qid, text in self.queries.items() if qid in self.qrels}
+
+
+def read_jsonl(url: str) -> list[dict]:
+    text = storage.read_bytes(url).decode("utf-8")
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"{url}:{number}: not valid JSON ({err.msg})") from err
+    return rows
+
+
+def read_qrels(url: str) -> dict[str, dict[str, int]]:
+    text = storage.read_bytes(url).decode("utf-8")
+    qrels: dict[str, dict[str, int]] = {}
+    reader = csv.reader(io.StringIO(text), delimiter="\t")
+    header = next(reader, None)
+    if header is None:
+        raise DatasetError(f"{url}: empty qrels file")
+    for row in reader:
+        if len(row) < 3:
+            continue
+        qrels.setdefault(row[0], {})[row[1]] = int(float(row[2]))
+    return qrels
+
+
+def load_beir(url: str, split: str = "test") -> BeirDataset:
+    """Load a BEIR-layout dataset; missing files and qrels naming unknown ids are errors that name them."""
+    for name in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
+        if not storage.exists(storage.join(url, name)):
+            raise DatasetError(f"{storage.join(url, name)}: file not found")
+    corpus = {
+        str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""}
+        for row in read_jsonl(storage.join(url, "corpus.jsonl"))
+    }
+    queries = {str(row["_id"]): row["text"] for row in read_jsonl(storage.join(url, "queries.jsonl"))}
+    qrels_url = storage.join(url, f"qrels/{split}.tsv")
+    qrels = read_qrels(qrels_url)
+    unknown_queries = sorted(set(qrels) - set(queries))
+    unknown_docs = sorted({d for docs in qrels.values() for d in docs} - set(corpus))
+    if unknown_queries or unknown_docs:
+        raise DatasetError(
+            f"{qrels_url}: {len(unknown_queries)} unknown query ids {unknown_queries[:10]} and "
+            f"{len(unknown_docs)} unknown corpus ids {unknown_docs[:10]}"
+        )
+    if not any(qid in qrels for qid in queries):
+        raise DatasetError(f"{qrels_url}: no query in {storage.join(url, 'queries.jsonl')} has a judgement")
+    return BeirDataset(corpus=corpus, queries=queries, qrels=qrels, source=url)

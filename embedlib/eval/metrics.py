@@ -1,0 +1,61 @@
+"""Retrieval metrics with pytrec_eval, computed as BEIR/MTEB compute them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytrec_eval
+
+Run = dict[str, dict[str, float]]  # query id -> {doc id: score}
+
+
+def run_from_topk(
+    query_ids: Sequence[str], doc_ids: Sequence[str], indices: np.ndarray, scores: np.ndarray,
+    ignore_identical_ids: bool = False,
+) -> Run:
+    """A pytrec_eval run from top-k index/score arrays (``-1`` indices are skipped)."""
+    run: Run = {}
+    for row, qid in enumerate(query_ids):
+        hits = {}
+        for index, score in zip(indices[row], scores[row], strict=True):
+            if index < 0:
+                continue
+            did = doc_ids[index]
+            if ignore_identical_ids and did == qid:
+                continue
+            hits[did] = float(score)
+        run[qid] = hits
+    return run
+
+
+def evaluate_run(
+    qrels: dict[str, dict[str, int]], run: Run, k_values: Sequence[int] = (10, 100, 1000)
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Mean and per-query ``ndcg@k``, ``mrr@k``, ``recall@k`` over the judged queries of ``run``.
+
+    MRR@k is computed from the ranking as MTEB does (reciprocal rank of the first relevant hit in top-k).
+    """
+    qrels = {qid: docs for qid, docs in qrels.items() if qid in run}
+    cutoffs = ",".join(str(k) for k in k_values)
+    evaluator = pytrec_eval.RelevanceEvaluator(qrels, {f"ndcg_cut.{cutoffs}", f"recall.{cutoffs}"})
+    raw = evaluator.evaluate(run)
+    per_query: dict[str, dict[str, float]] = {}
+    for qid, values in raw.items():
+        row = {}
+        for k in k_values:
+            row[f"ndcg@{k}"] = values[f"ndcg_cut_{k}"]
+            row[f"recall@{k}"] = values[f"recall_{k}"]
+            row[f"mrr@{k}"] = reciprocal_rank(run[qid], qrels[qid], k)
+        per_query[qid] = row
+    keys = next(iter(per_query.values())).keys() if per_query else []
+    means = {key: float(np.mean([row[key] for row in per_query.values()])) for key in keys}
+    return means, per_query
+
+
+def reciprocal_rank(hits: dict[str, float], relevant: dict[str, int], k: int) -> float:
+    ranked = sorted(hits.items(), key=lambda item: -item[1])[:k]
+    for rank, (did, _) in enumerate(ranked, start=1):
+        if relevant.get(did, 0) > 0:
+            return 1.0 / rank
+    return 0.0

@@ -1,0 +1,130 @@
+"""Load backbones from Hugging Face checkpoint folders on local disk or any fsspec URL.
+
+Decoder families (Qwen3, Qwen2, Llama, and the pplx-embed-v1 ``bidirectional_pplx_qwen3`` format) are
+loaded as bidirectional encoders; anything else (BERT family) goes through ``AutoModel`` as it is.
+Nothing is ever fetched from a model hub: a path that is not a complete checkpoint folder is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from embedlib import storage
+from embedlib.models.bidirectional import BIDIRECTIONAL_FAMILIES, is_decoder_family, to_bidirectional_config
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
+DEFAULT_MAX_LENGTH = 512
+
+
+class CheckpointError(FileNotFoundError):
+    """A checkpoint folder that is missing or incomplete; the message names the path and what is wrong."""
+
+
+@dataclass
+class Backbone:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    source: str
+    max_length: int
+    is_decoder: bool
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``None`` means float32 on CPU and bfloat16 on GPU; strings like ``"bf16"`` are accepted."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of {sorted(names)}, got {dtype!r}")
+    return names[dtype]
+
+
+def read_checkpoint_config(folder: Path, source: str) -> dict:
+    """The parsed ``config.json`` of a checkpoint folder, after checking weights and tokenizer are there."""
+    if not folder.is_dir():
+        raise CheckpointError(f"{source}: checkpoint folder does not exist")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{source}: missing config.json")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{source}: config.json is not valid JSON ({err})") from err
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise CheckpointError(f"{source}: config.json has no 'model_type'")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise CheckpointError(f"{source}: missing weights (one of {', '.join(WEIGHT_FILES)})")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{source}: missing tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+    return config
+
+
+def checkpoint_max_length(folder: Path, tokenizer: PreTrainedTokenizerBase, config: dict) -> int:
+    """The sequence cap the checkpoint was trained with (sentence-transformers' value first)."""
+    st_config = folder / "sentence_bert_config.json"
+    if st_config.is_file():
+        value = json.loads(st_config.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    positions = int(config.get("max_position_embeddings") or DEFAULT_MAX_LENGTH)
+    if tokenizer.model_max_length and tokenizer.model_max_length < 1_000_000:
+        return min(int(tokenizer.model_max_length), positions)
+    return positions
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer, right-padded (positions of real tokens never shift) with a pad token."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_backbone(
+    path_or_url: str | os.PathLike,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    max_length: int | None = None,
+    with_lm_head: bool = False,
+) -> Backbone:
+    """Load a checkpoint as an encoder (``with_lm_head``: keep the LM head, for diffusion training)."""
+    source = str(path_or_url)
+    folder = storage.local_dir(source)
+    config = read_checkpoint_config(folder, source)
+    device = torch.device(device) if device is not None else default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    decoder = is_decoder_family(config["model_type"])
+    if decoder:
+        bidi_config = to_bidirectional_config(AutoConfig.from_pretrained(folder))
+        family = next(f for f, (c, _, _) in BIDIRECTIONAL_FAMILIES.items() if isinstance(bidi_config, c))
+        _, encoder_cls, lm_cls = BIDIRECTIONAL_FAMILIES[family]
+        model_cls = lm_cls if with_lm_head else encoder_cls
+        model = model_cls.from_pretrained(folder, config=bidi_config, dtype=torch_dtype, attn_implementation="sdpa")
+    else:
+        if with_lm_head:
+            raise ValueError(f"{source}: with_lm_head needs a decoder-family checkpoint, got {config['model_type']!r}")
+        model = AutoModel.from_pretrained(folder, dtype=torch_dtype)
+    model.to(device).eval()
+    tokenizer = load_tokenizer(folder)
+    return Backbone(
+        model=model,
+        tokenizer=tokenizer,
+        source=source,
+        max_length=int(max_length or checkpoint_max_length(folder, tokenizer, config)),
+        is_decoder=decoder,
+    )

@@ -1,0 +1,113 @@
+"""Object-storage helpers: every path in embedlib may be a local path or any fsspec URL (s3://, file://, ...).
+
+S3 endpoints and credentials come from the environment / standard AWS config (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``~/.aws``); they are never passed through embedlib's own configs or written out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import fsspec
+from fsspec.core import url_to_fs
+
+DEFAULT_CACHE = Path(os.environ.get("EMBEDLIB_CACHE", Path.home() / ".cache" / "embedlib"))
+
+
+def is_local(url: str | os.PathLike) -> bool:
+    """True for plain paths and file:// URLs."""
+    url = str(url)
+    return "://" not in url or url.startswith("file://")
+
+
+def strip_file_scheme(url: str | os.PathLike) -> str:
+    url = str(url)
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def filesystem(url: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for ``url`` and the path inside it."""
+    return url_to_fs(str(url))
+
+
+def join(url: str | os.PathLike, *parts: str) -> str:
+    return "/".join([str(url).rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def exists(url: str | os.PathLike) -> bool:
+    fs, path = filesystem(url)
+    return fs.exists(path)
+
+
+def read_bytes(url: str | os.PathLike) -> bytes:
+    fs, path = filesystem(url)
+    return fs.cat_file(path)
+
+
+def write_bytes_atomic(url: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` so that readers see either the old object or the complete new one, never a part.
+
+    Local files: write a temporary sibling, then ``os.replace``. Object stores: a single PUT is atomic
+    per key; a temporary key is written first and copied so large writes are never half-visible.
+    """
+    fs, path = filesystem(url)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    with fs.open(tmp, "wb") as f:
+        f.write(data)
+    if is_local(url):
+        os.replace(tmp, path)
+    else:
+        fs.copy(tmp, path)
+        fs.rm(tmp)
+
+
+def cache_dir_for(url: str, cache_root: Path | None = None) -> Path:
+    """A stable local folder for a remote URL's downloaded copy."""
+    key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "root"
+    return (cache_root or DEFAULT_CACHE) / "downloads" / f"{name}-{key}"
+
+
+def local_dir(url: str | os.PathLike, cache_root: Path | None = None) -> Path:
+    """A local folder holding the contents of ``url``: the folder itself when local, else a cached download.
+
+    A download is complete when its ``.complete`` marker exists; an interrupted one is redone.
+    """
+    if is_local(url):
+        return Path(strip_file_scheme(url))
+    url = str(url)
+    target = cache_dir_for(url, cache_root)
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    fs, path = filesystem(url)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{url}: no such object or prefix")
+    partial = target.with_name(target.name + f".partial-{uuid.uuid4().hex[:8]}")
+    fs.get(path.rstrip("/") + "/", str(partial), recursive=True)
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+    marker.touch()
+    return target
+
+
+def upload_dir(local: str | os.PathLike, url: str | os.PathLike) -> None:
+    """Copy a local folder's files to ``url`` (a no-op when ``url`` is that same local folder)."""
+    local = Path(local)
+    if is_local(url):
+        dest = Path(strip_file_scheme(url))
+        if dest.resolve() == local.resolve():
+            return
+        shutil.copytree(local, dest, dirs_exist_ok=True)
+        return
+    fs, path = filesystem(url)
+    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+        fs.put_file(str(file), f"{path.rstrip('/')}/{file.relative_to(local).as_posix()}")

