@@ -1,0 +1,289 @@
+"""Representative tokens (DiffRetriever, 2026; PromptReps, Zhuang et al. 2024): dense + sparse from an LM head.
+
+The text is wrapped in an instruction ending in ``The words are: "``. DiffRetriever appends K mask tokens and
+a short tail and runs ONE bidirectional forward pass of a diffusion LM; at the K predicting positions it reads
+K dense states (multi-vector, L2-normalised) and K vocabulary logit vectors. The PromptReps baseline runs the
+same instruction through a causal LM and generates K tokens greedily: K forward passes.
+
+Sparse vector: ``log(1 + ReLU(logits))`` max-pooled over the K positions, special/out-of-tokenizer ids
+dropped, the ``top_terms`` largest kept.
+
+The predicting position of mask ``p`` is ``p - logits_shift`` (Dream predicts the next token, LLaDA and
+embedlib's own models the masked one); dense states are read there too, so each dense vector is the state
+the LM head turned into that slot's word distribution.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from tqdm.auto import tqdm
+
+from embedlib.encoding.batching import pad_batch, plan_batches
+from embedlib.encoding.encoder import check_texts
+from embedlib.models.bidirectional import bidirectional_attention_mask
+from embedlib.models.diffusion_lm import DiffusionLM, load_causal_lm, load_diffusion_lm
+
+Kind = Literal["query", "passage"]
+KINDS = ("query", "passage")
+DEFAULT_K_QUERY = 4
+DEFAULT_K_PASSAGE = 16
+DEFAULT_TOP_TERMS = 128
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """The representative-token instruction; ``{k}`` and ``{kind}`` are filled in."""
+
+    prefix: str = '{Kind}: "'
+    instruction: str = (
+        '".\nUse {k} words to represent the {kind} above in a retrieval task. '
+        'Make sure the words are in lowercase.\nThe words are: "'
+    )
+    tail: str = '".'
+
+    def __post_init__(self) -> None:
+        if not self.instruction.endswith('The words are: "'):
+            raise ValueError('PromptTemplate.instruction must end with \'The words are: "\'')
+
+    def parts(self, k: int, kind: Kind) -> tuple[str, str]:
+        """The text before and after the wrapped text (the latter ending in ``The words are: "``)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        values = {"k": k, "kind": kind, "Kind": kind.capitalize()}
+        return self.prefix.format(**values), self.instruction.format(**values)
+
+
+@dataclass
+class RepresentativeTokens:
+    """Per text: ``dense[i]`` float32 ``(K, d)`` (unit rows); ``sparse`` CSR ``(n, vocab)`` term weights."""
+
+    dense: list[np.ndarray]
+    sparse: sp.csr_matrix
+    k: int
+
+    def __len__(self) -> int:
+        return len(self.dense)
+
+
+@dataclass
+class RepresentativeStats:
+    texts: int = 0
+    truncated: int = 0
+    batches: int = 0
+    forward_passes: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def check_k(k: int) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k (number of representative tokens) must be an integer >= 1, got {k!r}")
+    return k
+
+
+def excluded_term_ids(tokenizer, vocab_size: int) -> np.ndarray:
+    """Vocabulary ids a sparse vector never uses: special tokens and ids beyond the tokenizer's vocabulary."""
+    excluded = np.zeros(vocab_size, dtype=bool)
+    excluded[min(len(tokenizer), vocab_size):] = True
+    special = [i for i in tokenizer.all_special_ids if i is not None and 0 <= i < vocab_size]
+    excluded[special] = True
+    return excluded
+
+
+def sparse_from_logits(logits: torch.Tensor, excluded: torch.Tensor, top_terms: int) -> sp.csr_matrix:
+    """``log(1+ReLU(logits))`` max-pooled over K, top ``top_terms`` per row: ``(B, K, V) -> CSR (B, V)``."""
+    weights = torch.log1p(torch.relu(logits.float())).amax(dim=1)
+    weights[:, excluded] = 0.0
+    keep = min(top_terms, weights.shape[1])
+    values, ids = torch.topk(weights, keep, dim=1)
+    values, ids = values.cpu().numpy(), ids.cpu().numpy()
+    rows = np.repeat(np.arange(len(values)), keep)
+    nonzero = values.reshape(-1) > 0
+    return sp.csr_matrix(
+        (values.reshape(-1)[nonzero], (rows[nonzero], ids.reshape(-1)[nonzero])), shape=weights.shape,
+        dtype=np.float32,
+    )
+
+
+def unit_rows(states: torch.Tensor) -> np.ndarray:
+    """Float32 copies of ``states`` with L2-normalised last dimension."""
+    return torch.nn.functional.normalize(states.float(), dim=-1).cpu().numpy()
+
+
+class _RepresentativeBase:
+    """Prompt building and truncation shared by the diffusion and autoregressive encoders."""
+
+    tokenizer = None
+    max_length: int
+    template: PromptTemplate
+    top_terms: int
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, texts: Sequence[str], k: int, kind: Kind, masks: list[int], tail: list[int]
+                   ) -> tuple[list[list[int]], int]:
+        """``prefix + text + instruction + masks + tail`` ids per text, the text cut to fit ``max_length``;
+        and how many texts were cut."""
+        prefix, instruction = self.template.parts(k, kind)
+        head, middle = self._ids(prefix), self._ids(instruction)
+        budget = self.max_length - len(head) - len(middle) - len(masks) - len(tail)
+        if budget < 1:
+            raise ValueError(f"max_length={self.max_length} leaves no room for text with k={k} "
+                             f"({len(head) + len(middle) + len(masks) + len(tail)} prompt tokens)")
+        texts = check_texts(texts)
+        bodies = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        truncated = sum(len(body) > budget for body in bodies)
+        return [head + body[:budget] + middle + masks + tail for body in bodies], truncated
+
+
+class DiffRetrieverEncoder(_RepresentativeBase):
+    """K representative tokens from ONE bidirectional forward pass of a diffusion LM."""
+
+    def __init__(self, lm: DiffusionLM, template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS):
+        self.lm = lm
+        self.model = lm.model
+        self.tokenizer = lm.tokenizer
+        self.max_length = lm.max_length
+        self.template = template or PromptTemplate()
+        self.top_terms = top_terms
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.excluded = torch.as_tensor(excluded_term_ids(self.tokenizer, self.vocab_size))
+        self.excluded[lm.mask_token_id] = True
+        self.last_stats = RepresentativeStats()
+
+    @classmethod
+    def from_pretrained(cls, path_or_url: str | os.PathLike, device=None, dtype=None, max_length: int | None = None,
+                        template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS,
+                        ) -> DiffRetrieverEncoder:
+        """Load a Dream, LLaDA or embedlib diffusion checkpoint (local path or fsspec URL)."""
+        return cls(load_diffusion_lm(path_or_url, device=device, dtype=dtype, max_length=max_length),
+                   template=template, top_terms=top_terms)
+
+    @property
+    def dim(self) -> int:
+        return self.lm.dim
+
+    def masked_prompts(self, texts: Sequence[str], k: int, kind: Kind) -> tuple[list[list[int]], int]:
+        """Prompt ids ending in K mask tokens and the tail, and how many texts were truncated."""
+        return self.prompt_ids(texts, check_k(k), kind, [self.lm.mask_token_id] * k, self._ids(self.template.tail))
+
+    def states_and_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One bidirectional pass over right-padded prompts: last-layer states ``(B, K, d)`` and logits
+        ``(B, K, V)`` at the K predicting positions (the LM head runs on those positions only)."""
+        device = self.lm.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        body = self.model.model
+        embeds = body.embed_tokens(input_ids)
+        mask = bidirectional_attention_mask(self.model.config, embeds, attention_mask)
+        hidden = body(inputs_embeds=embeds, attention_mask=mask, use_cache=False).last_hidden_state
+        positions = mask_positions(input_ids, self.lm.mask_token_id, k) - self.lm.logits_shift
+        states = torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        return states, self.model.get_output_embeddings()(states)
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], k: int, kind: Kind = "passage", batch_size: int = 64,
+               max_tokens_per_batch: int = 16_384, show_progress: bool = False) -> RepresentativeTokens:
+        """Dense ``(K, d)`` and sparse vectors of ``texts`` in input order; one forward pass per batch."""
+        ids, truncated = self.masked_prompts(texts, k, kind)
+        plan = plan_batches([len(x) for x in ids], max_tokens_per_batch, batch_size)
+        self.last_stats = RepresentativeStats(texts=len(ids), truncated=truncated, batches=len(plan))
+        dense: list[np.ndarray | None] = [None] * len(ids)
+        rows: list[sp.csr_matrix] = []
+        order: list[int] = []
+        for batch in tqdm(plan, desc=f"diffretriever {kind} k={k}", unit="batch", disable=not show_progress):
+            input_ids, attention_mask = pad_batch([ids[i] for i in batch], self.tokenizer.pad_token_id)
+            states, logits = self.states_and_logits(input_ids, attention_mask, k)
+            self.last_stats.forward_passes += 1
+            for row, vectors in zip(batch, unit_rows(states), strict=True):
+                dense[row] = vectors
+            rows.append(sparse_from_logits(logits, self.excluded.to(logits.device), self.top_terms))
+            order.extend(batch)
+        return RepresentativeTokens(dense=dense, sparse=restore_order(rows, order, self.vocab_size), k=k)
+
+
+def mask_positions(input_ids: torch.Tensor, mask_token_id: int, k: int) -> torch.Tensor:
+    """Column of each of the K mask tokens per row ``(B, K)``; an error if a row does not have exactly K."""
+    is_mask = input_ids == mask_token_id
+    counts = is_mask.sum(dim=1)
+    if bool((counts != k).any()):
+        raise ValueError(f"every prompt must hold exactly k={k} mask tokens, found {counts.tolist()} "
+                         f"(does the text contain the mask token?)")
+    return is_mask.nonzero()[:, 1].view(-1, k)
+
+
+def restore_order(rows: list[sp.csr_matrix], order: list[int], vocab_size: int) -> sp.csr_matrix:
+    """Stack per-batch CSR rows and put them back in input order."""
+    if not rows:
+        return sp.csr_matrix((0, vocab_size), dtype=np.float32)
+    stacked = sp.vstack(rows, format="csr")
+    return stacked[np.argsort(np.asarray(order))]
+
+
+class PromptRepsEncoder(_RepresentativeBase):
+    """The autoregressive baseline: the same instruction on a causal LM, K tokens generated greedily."""
+
+    def __init__(self, model, tokenizer, max_length: int = 512, template: PromptTemplate | None = None,
+                 top_terms: int = DEFAULT_TOP_TERMS):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.template = template or PromptTemplate()
+        self.top_terms = top_terms
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.excluded = torch.as_tensor(excluded_term_ids(tokenizer, self.vocab_size))
+        self.last_stats = RepresentativeStats()
+
+    @classmethod
+    def from_pretrained(cls, path_or_url: str | os.PathLike, device=None, dtype=None, max_length: int = 512,
+                        template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS
+                        ) -> PromptRepsEncoder:
+        model, tokenizer = load_causal_lm(path_or_url, device=device, dtype=dtype)
+        return cls(model, tokenizer, max_length=max_length, template=template, top_terms=top_terms)
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy decoding of K tokens (K forward passes, KV cache): per step the last-layer state that
+        predicted the token ``(B, K, d)`` and its logits ``(B, K, V)``."""
+        device = next(self.model.parameters()).device
+        out = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=k,
+            min_new_tokens=k, do_sample=False, output_logits=True, output_hidden_states=True,
+            return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id,
+        )
+        states = torch.stack([step[-1][:, -1, :] for step in out.hidden_states], dim=1)
+        logits = torch.stack(list(out.logits), dim=1)
+        return states, logits
+
+    def encode(self, texts: Sequence[str], k: int, kind: Kind = "passage", batch_size: int = 64,
+               max_tokens_per_batch: int = 16_384, show_progress: bool = False) -> RepresentativeTokens:
+        """Dense ``(K, d)`` and sparse vectors of ``texts`` in input order; K forward passes per batch."""
+        ids, truncated = self.prompt_ids(texts, check_k(k), kind, [], [])
+        plan = plan_batches([len(x) + k for x in ids], max_tokens_per_batch, batch_size)
+        self.last_stats = RepresentativeStats(texts=len(ids), truncated=truncated, batches=len(plan))
+        dense: list[np.ndarray | None] = [None] * len(ids)
+        rows: list[sp.csr_matrix] = []
+        order: list[int] = []
+        for batch in tqdm(plan, desc=f"promptreps {kind} k={k}", unit="batch", disable=not show_progress):
+            input_ids, attention_mask = left_pad_batch([ids[i] for i in batch], self.tokenizer.pad_token_id)
+            states, logits = self.generate(input_ids, attention_mask, k)
+            self.last_stats.forward_passes += k
+            for row, vectors in zip(batch, unit_rows(states), strict=True):
+                dense[row] = vectors
+            rows.append(sparse_from_logits(logits, self.excluded.to(logits.device), self.top_terms))
+            order.extend(batch)
+        return RepresentativeTokens(dense=dense, sparse=restore_order(rows, order, self.vocab_size), k=k)
+
+
+def left_pad_batch(token_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``(input_ids, attention_mask)`` (generation appends on the right)."""
+    input_ids, attention_mask = pad_batch([list(reversed(ids)) for ids in token_ids], pad_id)
+    return input_ids.flip(1), attention_mask.flip(1)

@@ -1,0 +1,384 @@
+"""Diffusion language models WITH their LM head: Dream, LLaDA and embedlib's own diffusion-pretrained Qwen3.
+
+Each format is mapped onto a stock transformers architecture made bidirectional (``bidirectional.py``), so
+no ``trust_remote_code`` is needed:
+
+- Dream (``model_type: "Dream"``): Qwen2 fields and Qwen2 weight names -> ``BidirectionalQwen2ForMaskedLM``.
+  Dream is initialised from an autoregressive Qwen2.5 and keeps its shifted prediction: the logits at
+  position ``i`` predict the token at ``i + 1`` (``logits_shift = 1``).
+- LLaDA (``model_type: "llada"``, OLMo-style names ``model.transformer.blocks.N.ff_proj`` ...) ->
+  ``BidirectionalLlamaForMaskedLM`` through a weight-name mapping; the position of a mask predicts itself.
+- embedlib's own checkpoints (``bidirectional_pplx_qwen3`` etc. with an ``lm_head``) -> ``load_backbone``.
+
+The mask token id comes from the checkpoint's config (``mask_token_id``), else from the tokenizer.
+The module also loads causal LMs for the autoregressive PromptReps baseline and writes tiny checkpoints in
+the Dream and LLaDA on-disk formats for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from embedlib import storage
+from embedlib.models.bidirectional import (
+    BidirectionalLlamaConfig,
+    BidirectionalLlamaForMaskedLM,
+    BidirectionalQwen2Config,
+    BidirectionalQwen2ForMaskedLM,
+    BidirectionalQwen3ForMaskedLM,
+    is_decoder_family,
+    to_bidirectional_config,
+)
+from embedlib.models.loading import (
+    CheckpointError,
+    checkpoint_max_length,
+    default_device,
+    load_backbone,
+    read_checkpoint_config,
+    resolve_dtype,
+)
+from embedlib.models.tiny import bundled_text, tiny_qwen3_config, train_bpe_tokenizer
+
+DIFFUSION_FORMATS = ("dream", "llada", "embedlib")
+LLADA_MASK_TOKEN_ID = 126336
+# Fields of a Dream config.json that are not Qwen2 architecture fields.
+DREAM_ONLY_FIELDS = ("model_type", "architectures", "auto_map", "transformers_version")
+
+# LLaDA (OLMo layout) weight names -> Llama weight names.
+LLADA_KEY_MAPPING = {
+    r"^model\.transformer\.wte\.": "model.embed_tokens.",
+    r"^model\.transformer\.ln_f\.": "model.norm.",
+    r"^model\.transformer\.ff_out\.": "lm_head.",
+    r"^model\.transformer\.blocks\.(\d+)\.attn_norm\.": r"model.layers.\1.input_layernorm.",
+    r"^model\.transformer\.blocks\.(\d+)\.ff_norm\.": r"model.layers.\1.post_attention_layernorm.",
+    r"^model\.transformer\.blocks\.(\d+)\.q_proj\.": r"model.layers.\1.self_attn.q_proj.",
+    r"^model\.transformer\.blocks\.(\d+)\.k_proj\.": r"model.layers.\1.self_attn.k_proj.",
+    r"^model\.transformer\.blocks\.(\d+)\.v_proj\.": r"model.layers.\1.self_attn.v_proj.",
+    r"^model\.transformer\.blocks\.(\d+)\.attn_out\.": r"model.layers.\1.self_attn.o_proj.",
+    r"^model\.transformer\.blocks\.(\d+)\.ff_proj\.": r"model.layers.\1.mlp.gate_proj.",
+    r"^model\.transformer\.blocks\.(\d+)\.up_proj\.": r"model.layers.\1.mlp.up_proj.",
+    r"^model\.transformer\.blocks\.(\d+)\.ff_out\.": r"model.layers.\1.mlp.down_proj.",
+}
+# LLaDA config values the Llama mapping reproduces exactly; anything else is refused, naming the field.
+LLADA_REQUIRED = {
+    "block_type": ("llama",),
+    "layer_norm_type": ("rms",),
+    "activation_type": ("silu", "swiglu"),
+    "rope": (True,),
+    "alibi": (False, None),
+    "attention_layer_norm": (False, None),
+    "input_emb_norm": (False, None),
+    "scale_logits": (False, None),
+    "include_bias": (False, None),
+}
+
+
+@dataclass
+class DiffusionLM:
+    """A bidirectional LM with its head, and what is needed to read predictions at mask positions."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    mask_token_id: int
+    logits_shift: int  # 1: position i predicts token i+1 (Dream); 0: a mask position predicts itself
+    format: str
+    source: str
+    max_length: int
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+
+def detect_format(config: dict) -> str:
+    """``dream``, ``llada`` or ``embedlib`` from a parsed ``config.json``; ``CheckpointError`` otherwise."""
+    model_type = str(config.get("model_type", ""))
+    if model_type.lower() == "dream":
+        return "dream"
+    if model_type.lower() == "llada":
+        return "llada"
+    if is_decoder_family(model_type):
+        return "embedlib"
+    raise CheckpointError(
+        f"model_type {model_type!r} is not a diffusion LM format embedlib reads "
+        f"(Dream, llada, or a decoder family: qwen3/qwen2/llama and their bidirectional variants)"
+    )
+
+
+def dream_config(fields: dict) -> BidirectionalQwen2Config:
+    """A Dream ``config.json`` as the bidirectional Qwen2 config it is."""
+    kept = {key: value for key, value in fields.items() if key not in DREAM_ONLY_FIELDS}
+    return BidirectionalQwen2Config(**kept, architectures=["BidirectionalQwen2ForMaskedLM"])
+
+
+def llada_config(fields: dict, source: str = "config.json") -> BidirectionalLlamaConfig:
+    """A LLaDA ``config.json`` as a bidirectional Llama config; unsupported variants name the field."""
+    for name, allowed in LLADA_REQUIRED.items():
+        if name in fields and fields[name] not in allowed:
+            raise CheckpointError(
+                f"{source}: LLaDA field {name!r} = {fields[name]!r} is not supported (allowed: {allowed})"
+            )
+    for name in ("d_model", "n_heads", "n_layers"):
+        if name not in fields:
+            raise CheckpointError(f"{source}: LLaDA config has no {name!r}")
+    d_model, n_heads = int(fields["d_model"]), int(fields["n_heads"])
+    mlp = fields.get("mlp_hidden_size") or int(fields.get("mlp_ratio", 4)) * d_model
+    return BidirectionalLlamaConfig(
+        vocab_size=int(fields.get("embedding_size") or fields["vocab_size"]),
+        hidden_size=d_model,
+        intermediate_size=int(mlp),
+        num_hidden_layers=int(fields["n_layers"]),
+        num_attention_heads=n_heads,
+        num_key_value_heads=int(fields.get("n_kv_heads") or n_heads),
+        head_dim=d_model // n_heads,
+        max_position_embeddings=int(fields.get("max_sequence_length", 4096)),
+        rms_norm_eps=float(fields.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(fields.get("rope_theta", 10000.0)),
+        attention_bias=bool(fields.get("include_qkv_bias") or False),
+        mlp_bias=False,
+        hidden_act="silu",
+        tie_word_embeddings=bool(fields.get("weight_tying", False)),
+        pad_token_id=fields.get("pad_token_id"),
+        eos_token_id=fields.get("eos_token_id"),
+        mask_token_id=fields.get("mask_token_id"),
+        architectures=["BidirectionalLlamaForMaskedLM"],
+    )
+
+
+def load_lm_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer without remote code: a custom ``tokenizer_class`` (Dream's ``DreamTokenizer``)
+    is read from ``tokenizer.json`` with the special tokens of ``tokenizer_config.json``."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except (ValueError, OSError, KeyError, AttributeError) as err:
+        if not (folder / "tokenizer.json").is_file():
+            raise CheckpointError(f"{folder}: tokenizer needs remote code and there is no tokenizer.json") from err
+        special = json.loads((folder / "tokenizer_config.json").read_text()) if (
+            folder / "tokenizer_config.json").is_file() else {}
+        names = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_file=str(folder / "tokenizer.json"),
+            **{name: special[name] for name in names if isinstance(special.get(name), str)},
+        )
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def resolve_mask_token_id(config: dict, tokenizer: PreTrainedTokenizerBase, source: str) -> int:
+    """The mask id: ``config.json``'s ``mask_token_id`` first (Dream, LLaDA), else the tokenizer's mask token."""
+    if config.get("mask_token_id") is not None:
+        return int(config["mask_token_id"])
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    raise CheckpointError(f"{source}: no mask_token_id in config.json and the tokenizer has no mask token")
+
+
+def load_weights_strictly(model_cls, folder: Path, config, dtype: torch.dtype, source: str, **kwargs):
+    """``from_pretrained`` that refuses a checkpoint whose weights do not all map onto the architecture."""
+    model, info = model_cls.from_pretrained(
+        folder, config=config, dtype=dtype, attn_implementation="sdpa", output_loading_info=True, **kwargs
+    )
+    missing = sorted(set(info.get("missing_keys", [])))
+    unexpected = sorted(set(info.get("unexpected_keys", [])))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source}: weights do not match {model_cls.__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}"
+        )
+    return model
+
+
+def load_diffusion_lm(
+    path_or_url: str | os.PathLike,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    max_length: int | None = None,
+    logits_shift: int | None = None,
+) -> DiffusionLM:
+    """Load a Dream, LLaDA or embedlib diffusion checkpoint (local path or fsspec URL) with its LM head.
+
+    ``logits_shift`` overrides the format's default (Dream 1, LLaDA 0, embedlib: ``config.logits_shift`` or 0).
+    """
+    source = str(path_or_url)
+    folder = storage.local_dir(source)
+    fields = read_checkpoint_config(folder, source)
+    kind = detect_format(fields)
+    device = torch.device(device) if device is not None else default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    if kind == "embedlib":
+        backbone = load_backbone(source, device=device, dtype=torch_dtype, max_length=max_length, with_lm_head=True)
+        model, tokenizer = backbone.model, backbone.tokenizer
+        default_shift = int(fields.get("logits_shift", 0))
+    else:
+        tokenizer = load_lm_tokenizer(folder)
+        if kind == "dream":
+            model = load_weights_strictly(BidirectionalQwen2ForMaskedLM, folder, dream_config(fields), torch_dtype,
+                                          source)
+            default_shift = 1
+        else:
+            model = load_weights_strictly(BidirectionalLlamaForMaskedLM, folder, llada_config(fields, source),
+                                          torch_dtype, source, key_mapping=LLADA_KEY_MAPPING)
+            default_shift = 0
+        model.to(device).eval()
+    return DiffusionLM(
+        model=model,
+        tokenizer=tokenizer,
+        mask_token_id=resolve_mask_token_id(fields, tokenizer, source),
+        logits_shift=default_shift if logits_shift is None else int(logits_shift),
+        format=kind,
+        source=source,
+        max_length=int(max_length or checkpoint_max_length(folder, tokenizer, fields)),
+    )
+
+
+def load_causal_lm(
+    path_or_url: str | os.PathLike,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A stock causal LM and its left-padded tokenizer (the autoregressive PromptReps baseline)."""
+    source = str(path_or_url)
+    folder = storage.local_dir(source)
+    fields = read_checkpoint_config(folder, source)
+    if fields["model_type"] not in ("qwen3", "qwen2", "llama"):
+        raise CheckpointError(f"{source}: the autoregressive baseline needs a causal qwen3/qwen2/llama checkpoint, "
+                              f"got model_type {fields['model_type']!r}")
+    device = torch.device(device) if device is not None else default_device()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=resolve_dtype(dtype, device))
+    model.to(device).eval()
+    tokenizer = load_lm_tokenizer(folder)
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+# --- tiny checkpoints in the real on-disk formats -----------------------------------------------------
+
+
+def _tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    return train_bpe_tokenizer(bundled_text(), vocab_size)
+
+
+def make_tiny_dream_checkpoint(out_dir: str | os.PathLike, vocab_size: int = 2048, seed: int = 0,
+                               hidden_size: int = 64, num_hidden_layers: int = 2) -> Path:
+    """A random tiny checkpoint in Dream's format: Qwen2 weights, ``model_type: "Dream"``, ``auto_map`` to
+    remote code, a ``DreamTokenizer`` tokenizer class, and the mask id in ``config.json``."""
+    out = Path(out_dir)
+    tokenizer = _tiny_tokenizer(vocab_size)
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    fields = json.loads((out / "config.json").read_text())
+    fields.update(
+        model_type="Dream",
+        architectures=["DreamModel"],
+        auto_map={"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        mask_token_id=tokenizer.mask_token_id,
+    )
+    (out / "config.json").write_text(json.dumps(fields, indent=2))
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    tok_config.update(tokenizer_class="DreamTokenizer",
+                      auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]})
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    return out
+
+
+def make_tiny_llada_checkpoint(out_dir: str | os.PathLike, vocab_size: int = 2048, seed: int = 0,
+                               hidden_size: int = 32, num_hidden_layers: int = 2,
+                               mask_token_id: int = LLADA_MASK_TOKEN_ID) -> Path:
+    """A random tiny checkpoint in LLaDA's format: OLMo-style weight names in two safetensors shards with an
+    index, ``model_type: "llada"``, and LLaDA's embedding size so its real mask id (126336) is in range."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tiny_tokenizer(vocab_size)
+    embedding_size = max(len(tokenizer), ((mask_token_id + 1 + 127) // 128) * 128)
+    torch.manual_seed(seed)
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=embedding_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=4,
+        max_position_embeddings=2048, tie_word_embeddings=False, rope_theta=500000.0,
+    ))
+    inverse = {
+        "model.embed_tokens.": "model.transformer.wte.", "model.norm.": "model.transformer.ln_f.",
+        "lm_head.": "model.transformer.ff_out.", "input_layernorm.": "attn_norm.",
+        "post_attention_layernorm.": "ff_norm.", "self_attn.o_proj.": "attn_out.", "self_attn.": "",
+        "mlp.gate_proj.": "ff_proj.", "mlp.up_proj.": "up_proj.", "mlp.down_proj.": "ff_out.",
+        "model.layers.": "model.transformer.blocks.",
+    }
+    renamed = {}
+    for name, tensor in llama.state_dict().items():
+        for old, new in inverse.items():
+            name = name.replace(old, new)
+        renamed[name] = tensor.contiguous()
+    names = sorted(renamed)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, keys in shards.items():
+        save_file({key: renamed[key] for key in keys}, str(out / file), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {key: file for file, keys in shards.items() for key in keys}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    fields = {
+        "model_type": "llada", "architectures": ["LLaDAModelLM"],
+        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
+                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
+        "d_model": hidden_size, "n_heads": 4, "n_kv_heads": 4, "n_layers": num_hidden_layers,
+        "mlp_hidden_size": 2 * hidden_size, "mlp_ratio": 4, "activation_type": "silu", "block_type": "llama",
+        "layer_norm_type": "rms", "rms_norm_eps": 1e-5, "rope": True, "rope_theta": 500000.0, "alibi": False,
+        "attention_layer_norm": False, "input_emb_norm": False, "scale_logits": False, "include_bias": False,
+        "include_qkv_bias": False, "weight_tying": False, "max_sequence_length": 2048,
+        "vocab_size": embedding_size, "embedding_size": embedding_size, "mask_token_id": mask_token_id,
+        "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "use_cache": False,
+    }
+    (out / "config.json").write_text(json.dumps(fields, indent=2))
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def make_tiny_diffusion_qwen3_checkpoint(out_dir: str | os.PathLike, vocab_size: int = 2048, seed: int = 0,
+                                         **config_overrides) -> Path:
+    """A random tiny checkpoint as embedlib's diffusion pretraining saves it: ``BidirectionalQwen3ForMaskedLM``
+    (``model_type: bidirectional_pplx_qwen3``) with its LM head and a ``<|mask|>`` token."""
+    out = Path(out_dir)
+    tokenizer = _tiny_tokenizer(vocab_size)
+    torch.manual_seed(seed)
+    config = tiny_qwen3_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=tokenizer.eos_token_id, **config_overrides)
+    model = BidirectionalQwen3ForMaskedLM(to_bidirectional_config(config))
+    model.config.architectures = ["BidirectionalQwen3ForMaskedLM"]
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+TINY_WRITERS = {
+    "dream": make_tiny_dream_checkpoint,
+    "llada": make_tiny_llada_checkpoint,
+    "embedlib": make_tiny_diffusion_qwen3_checkpoint,
+}
