@@ -1,0 +1,237 @@
+"""``build_index``: read -> check -> tokenize -> encode (actor pool) -> sharded parquet + FAISS -> manifest.
+
+Incremental and resumable: a document is encoded only when its content hash is in neither the current
+version (built with the same encoding key) nor the staging parts an interrupted run left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import time
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+from tqdm.auto import tqdm
+
+from embedlib import storage
+from embedlib.encoding.encoder import Encoder
+from embedlib.encoding.quantize import output_dtype, output_width
+from embedlib.index import manifest as manifests
+from embedlib.index.config import IndexJobConfig, IndexSummary
+from embedlib.index.encode_stage import column_matrix, encode_rows, vectors_column
+from embedlib.index.faiss_shards import default_params, shard_index, trained_template
+from embedlib.index.reading import InputError, input_snapshot, ray_filesystem, read_rows
+from embedlib.models.loading import default_model_path
+
+log = logging.getLogger(__name__)
+VECTOR_COLUMNS = ["content_hash", "chunk", "start", "end", "tokens", "vector"]
+
+
+class RejectedRowsError(ValueError):
+    """``strict`` run with rejected rows; the message gives the counts and where the rejects were written."""
+
+
+def ensure_ray() -> None:
+    """Connect to the cluster (``RAY_ADDRESS``, as under ``ray job submit``) or start a local Ray."""
+    if not ray.is_initialized():
+        ray.init(ignore_reinit_error=True)
+
+
+def model_identity(model: str) -> tuple[str, int, int]:
+    """``(weights hash, max_length, width)`` of the model the index is built with."""
+    encoder = Encoder.from_pretrained(model, device="cpu")
+    return encoder.weights_hash, encoder.max_length, encoder.dim
+
+
+def catalog_of(rows: ray.data.Dataset, url: str) -> pd.DataFrame:
+    """Every input row without its text (``id, content_hash, reason, source, line``), duplicates marked."""
+    try:
+        catalog = rows.select_columns(["id", "content_hash", "reason", "source", "line"]).to_pandas()
+    except Exception as err:  # noqa: BLE001 - read failures surface here in the streaming executor
+        raise InputError(f"{url}: cannot read input ({type(err).__name__}: {str(err)[:500]})") from err
+    if catalog.empty:
+        raise InputError(f"{url}: input is empty (no rows)")
+    valid = catalog["reason"] == ""
+    catalog.loc[valid & catalog["id"].where(valid).duplicated(keep=False), "reason"] = "duplicate id"
+    return catalog
+
+
+def write_rejects(url: str, rejects: pd.DataFrame) -> None:
+    lines = [json.dumps({"id": r.id or None, "reason": r.reason, "source": manifests.redact_url(r.source),
+                         "line": int(r.line) if r.line >= 0 else None}) for r in rejects.itertuples()]
+    storage.write_bytes_atomic(url, ("\n".join(lines) + "\n").encode())
+
+
+def parquet_files(url: str) -> list[str]:
+    fs, path = storage.filesystem(url)
+    return sorted(f for f in fs.find(path) if f.endswith(".parquet")) if fs.exists(path) else []
+
+
+def read_vectors(url: str, files: list[str], needed: set[str]) -> pa.Table | None:
+    """Rows of ``VECTOR_COLUMNS`` from parquet ``files`` whose content hash is in ``needed``."""
+    fs, _ = storage.filesystem(url)
+    tables = []
+    for path in files:
+        table = pq.read_table(path, columns=VECTOR_COLUMNS, filesystem=fs)
+        keep = np.fromiter((h in needed for h in table.column("content_hash").to_pylist()), bool, table.num_rows)
+        tables.append(table.filter(pa.array(keep)))
+    return pa.concat_tables(tables) if tables else None
+
+
+def known_hashes(url: str, files: list[str]) -> set[str]:
+    fs, _ = storage.filesystem(url)
+    return {h for f in files for h in pq.read_table(f, columns=["content_hash"], filesystem=fs)
+            .column("content_hash").to_pylist()}
+
+
+def shard_rows(docs: pd.DataFrame, vectors: pa.Table, chunked: bool) -> tuple[pd.DataFrame, np.ndarray]:
+    """Index rows in document order (one per doc, or per chunk) and the position of each one's vector."""
+    meta = vectors.drop_columns(["vector"]).to_pandas()
+    meta["position"] = np.arange(len(meta))
+    meta = meta.drop_duplicates(["content_hash", "chunk"])
+    rows = docs.reset_index(drop=True).rename_axis("order").reset_index().merge(meta, on="content_hash")
+    rows = rows.sort_values(["order", "chunk"], kind="stable").reset_index(drop=True)
+    rows["doc_id"] = rows["id"]
+    if chunked:
+        rows["id"] = rows["doc_id"] + "#" + rows["chunk"].astype(str)
+    return rows, rows["position"].to_numpy()
+
+
+@ray.remote(num_cpus=0.5)
+def write_shard(base: str, name: str, table: pa.Table, template: bytes, quantization: str, dim: int) -> dict:
+    """Write one shard's parquet and FAISS index; returns its manifest entry."""
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    parquet_bytes = buffer.getvalue()
+    vectors = column_matrix(table.column("vector"), output_dtype(quantization)) if table.num_rows else \
+        np.zeros((0, output_width(dim, quantization)), output_dtype(quantization))
+    index_bytes = shard_index(template, vectors, quantization)
+    storage.write_bytes_atomic(storage.join(base, f"{name}.parquet"), parquet_bytes)
+    storage.write_bytes_atomic(storage.join(base, f"{name}.faiss"), index_bytes)
+    return {
+        "name": name,
+        "rows": table.num_rows,
+        "docs": len(set(table.column("doc_id").to_pylist())),
+        "bytes": len(parquet_bytes) + len(index_bytes),
+        "parquet_sha256": hashlib.sha256(parquet_bytes).hexdigest(),
+        "faiss_sha256": hashlib.sha256(index_bytes).hexdigest(),
+    }
+
+
+def encode_missing(rows: ray.data.Dataset, todo: set[str], cfg: IndexJobConfig, model: str, staging: str) -> None:
+    """Encode the rows whose content hash is in ``todo`` and write them as parquet parts under ``staging``."""
+    pending = rows.filter(lambda row: row["content_hash"] in todo).select_columns(["content_hash", "title", "text"])
+    encoded = encode_rows(pending, cfg, model)
+    filesystem = ray_filesystem(staging)
+    path = storage.filesystem(staging)[1] if filesystem else storage.strip_file_scheme(staging)
+    encoded.write_parquet(path, filesystem=filesystem)
+
+
+def build_index(config: IndexJobConfig) -> IndexSummary:
+    """Run the whole indexing job for ``config`` and publish a new index version; returns its summary."""
+    cfg = config.validate()
+    started = time.perf_counter()
+    model = cfg.model or str(default_model_path())
+    out = cfg.output.rstrip("/")
+    ensure_ray()
+    ray.data.DataContext.get_current().enable_progress_bars = cfg.show_progress
+
+    rows_ds, files = read_rows(cfg)
+    rows = rows_ds.materialize()
+    catalog = catalog_of(rows, cfg.input)
+    weights_hash, max_length, width = model_identity(model)
+    key = manifests.encoding_key(weights_hash, cfg.quantization, cfg.dim, cfg.chunk_tokens, max_length)
+    dim = cfg.dim or width
+
+    previous = manifests.published_manifest(out)
+    version = max([previous["version"] if previous else 0, *manifests.version_folders(out)]) + 1
+    base = storage.join(out, manifests.version_name(version))
+    rejects = catalog[catalog["reason"] != ""]
+    rejects_url = storage.join(base, "rejects.jsonl") if len(rejects) else None
+    if rejects_url:
+        write_rejects(rejects_url, rejects)
+    counts = rejects["reason"].value_counts().to_dict()
+    if cfg.strict and len(rejects):
+        raise RejectedRowsError(f"{cfg.input}: {len(rejects)} rows rejected ({counts}); see {rejects_url}")
+
+    docs = catalog.loc[catalog["reason"] == "", ["id", "content_hash"]]
+    staging = storage.join(out, "_staging", key)
+    reusable = [storage.join(previous["base"], f"{s['name']}.parquet") for s in previous["shards"]] \
+        if previous and previous.get("encoding_key") == key else []
+    sources = [*reusable, *(full_url(staging, f) for f in parquet_files(staging))]
+    carried = known_hashes(out, sources) & set(docs["content_hash"])
+    todo = set(docs["content_hash"]) - carried
+    encode_started = time.perf_counter()
+    if todo:
+        encode_missing(rows, todo, cfg, model, staging)
+    encode_seconds = time.perf_counter() - encode_started
+
+    sources = [*reusable, *(full_url(staging, f) for f in parquet_files(staging))]
+    vectors = read_vectors(out, sources, set(docs["content_hash"]))
+    index_rows, positions = shard_rows(docs, vectors, cfg.chunk_tokens is not None)
+    missing = set(docs["content_hash"]) - set(index_rows["content_hash"])
+    if missing:
+        raise RuntimeError(f"{len(missing)} documents have no vector after encoding (e.g. {sorted(missing)[:3]})")
+    matrix = column_matrix(vectors.column("vector"), output_dtype(cfg.quantization))[positions]
+
+    params = default_params(cfg.index_type, cfg.quantization, dim, len(matrix), cfg)
+    sample = matrix[np.random.default_rng(0).permutation(len(matrix))[: cfg.train_sample]]
+    template = trained_template(cfg.quantization, cfg.index_type, dim, params, sample)
+    template_ref = ray.put(template)
+    shard_of = index_rows["order"].to_numpy() // cfg.shard_size
+    columns = ["id", "doc_id", "chunk", "start", "end", "tokens", "content_hash"]
+    pending = []
+    for shard in range(int(shard_of.max()) + 1 if len(shard_of) else 0):
+        take = np.flatnonzero(shard_of == shard)
+        table = pa.Table.from_pandas(index_rows.loc[take, columns], preserve_index=False)
+        table = table.append_column("vector", vectors_column(matrix[take]))
+        pending.append(write_shard.remote(base, f"shard-{shard:05d}", table, template_ref, cfg.quantization, dim))
+    shards = [ray.get(ref) for ref in tqdm(pending, desc="write shards", disable=not cfg.show_progress)]
+
+    manifest = {
+        "format": manifests.FORMAT,
+        "version": version,
+        "path": manifests.version_name(version),
+        "created_at": datetime.now(UTC).isoformat(),
+        "model": {"source": manifests.redact_url(model), "weights_hash": weights_hash, "max_length": max_length},
+        "encoding_key": key,
+        "quantization": cfg.quantization,
+        "dim": dim,
+        "chunk_tokens": cfg.chunk_tokens,
+        "index": {"type": cfg.index_type, "params": params},
+        "input": input_snapshot(cfg.input, files) | {"url": manifests.redact_url(cfg.input)},
+        "shards": shards,
+        "counts": {"docs_in": len(catalog), "docs": len(docs), "rows": len(index_rows), "rejected": len(rejects),
+                   "rejects_by_reason": counts, "embedded": int(docs["content_hash"].isin(todo).sum()),
+                   "carried_over": int(docs["content_hash"].isin(carried).sum())},
+        "rejects": "rejects.jsonl" if rejects_url else None,
+    }
+    manifests.publish(out, manifest)
+    fs, staging_path = storage.filesystem(staging)
+    if fs.exists(staging_path):
+        fs.rm(staging_path, recursive=True)
+    manifests.prune_versions(out, version, cfg.keep_versions)
+
+    total_bytes = sum(s["bytes"] for s in shards)
+    truncated = int(((index_rows["tokens"] >= max_length) & (index_rows["chunk"] == 0)).sum())
+    return IndexSummary(
+        url=manifests.redact_url(out), version=version, docs_in=len(catalog),
+        embedded=manifest["counts"]["embedded"], carried_over=manifest["counts"]["carried_over"],
+        rejected=len(rejects), rejects_by_reason=counts, rejects_url=rejects_url, shards=len(shards),
+        rows=len(index_rows), bytes_per_doc=total_bytes / max(1, len(docs)),
+        seconds=time.perf_counter() - started, encode_seconds=encode_seconds, truncated=truncated,
+    )
+
+
+def full_url(reference: str, path: str) -> str:
+    """A filesystem-internal ``path`` as a URL of the same scheme as ``reference``."""
+    if storage.is_local(reference):
+        return path
+    return f"{reference.split('://', 1)[0]}://{path}"

@@ -1,0 +1,126 @@
+"""The indexing job's configuration (validated at the edge, errors name the field) and its summary."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from embedlib.encoding.quantize import QUANTIZATIONS
+
+INDEX_TYPES = ("flat", "ivf", "hnsw")
+INPUT_FORMATS = ("auto", "jsonl", "parquet")
+
+
+class ConfigError(ValueError):
+    """An invalid ``IndexJobConfig``; the message names the field."""
+
+
+@dataclass
+class IndexJobConfig:
+    """Everything one indexing run needs; ``validate()`` is called by ``build_index``."""
+
+    input: str
+    output: str
+    model: str | None = None  # None: the embedded default model (all-MiniLM-L6-v2)
+    quantization: str = "int8"
+    dim: int | None = None  # Matryoshka truncation
+    index_type: str = "flat"
+    shard_size: int = 100_000  # documents per shard
+    input_format: str = "auto"  # by file extension when "auto"
+    id_column: str | None = None  # None: "_id" for jsonl (BEIR layout), "id" for parquet
+    text_column: str = "text"
+    title_column: str | None = "title"  # None or a missing column: no title
+    chunk_tokens: int | None = None  # late chunking: pool each span of this many tokens
+    strict: bool = False  # any rejected row fails the job
+    max_text_chars: int = 1_000_000  # longer texts are rejected
+    # Encoding stage (Ray Data actor pool).
+    actors: int = 1
+    cpus_per_actor: float = 0.5
+    gpus_per_actor: float = 0.0
+    torch_threads: int | None = None  # None: all cores of the node divided by ``actors``
+    device: str | None = None
+    dtype: str | None = None
+    batch_rows: int = 1024  # rows per Ray Data batch handed to an encoder actor
+    max_tokens_per_batch: int = 16_384
+    # FAISS parameters (defaults scale with the corpus size when None).
+    nlist: int | None = None
+    nprobe: int = 32
+    hnsw_m: int = 32
+    ef_search: int = 128
+    pq_m: int | None = None
+    train_sample: int = 200_000
+    rerank_factor: int = 4  # IVF/HNSW: candidates per shard = k * rerank_factor, re-scored exactly
+    keep_versions: int = 3
+    show_progress: bool = True
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> IndexJobConfig:
+        """Build from plain data (e.g. parsed YAML); unknown keys are an error naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
+        return cls(**values).validate()
+
+    def validate(self) -> IndexJobConfig:
+        """Check every field; raises ``ConfigError`` naming the first bad one. Returns self."""
+        for name in ("input", "output"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"{name}: a non-empty path or URL is required")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization: must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.index_type not in INDEX_TYPES:
+            raise ConfigError(f"index_type: must be one of {INDEX_TYPES}, got {self.index_type!r}")
+        if self.input_format not in INPUT_FORMATS:
+            raise ConfigError(f"input_format: must be one of {INPUT_FORMATS}, got {self.input_format!r}")
+        positive = ("shard_size", "max_text_chars", "actors", "batch_rows", "max_tokens_per_batch", "nprobe",
+                    "hnsw_m", "ef_search", "train_sample", "rerank_factor", "keep_versions")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+        for name in ("dim", "chunk_tokens", "nlist", "pq_m", "torch_threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{name}: must be a positive integer or null, got {value!r}")
+        if self.quantization == "binary" and self.dim is not None and self.dim % 8:
+            raise ConfigError(f"dim: binary codes need a multiple of 8, got {self.dim}")
+        if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
+            raise ConfigError("cpus_per_actor/gpus_per_actor: must be >= 0")
+        if not self.text_column:
+            raise ConfigError("text_column: must be a column name")
+        return self
+
+
+@dataclass
+class IndexSummary:
+    """What one run did; ``str()`` is the one-paragraph summary the job prints."""
+
+    url: str
+    version: int
+    docs_in: int
+    embedded: int  # documents encoded in this run
+    carried_over: int  # documents whose vectors came from an earlier version or an interrupted run
+    rejected: int
+    rejects_by_reason: dict[str, int]
+    rejects_url: str | None
+    shards: int
+    rows: int  # index rows (documents, or chunks with --chunk-tokens)
+    bytes_per_doc: float
+    seconds: float
+    encode_seconds: float
+    truncated: int = 0
+
+    @property
+    def docs_per_second(self) -> float:
+        return (self.docs_in - self.rejected) / self.seconds if self.seconds else 0.0
+
+    def __str__(self) -> str:
+        reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.rejects_by_reason.items())) or "none"
+        return (
+            f"index {self.url} version {self.version}: {self.docs_in} docs in, {self.embedded} embedded, "
+            f"{self.carried_over} carried over, {self.rejected} rejected ({reasons}), {self.shards} shards, "
+            f"{self.rows} rows, {self.bytes_per_doc:.1f} bytes/doc, {self.docs_per_second:.1f} docs/s "
+            f"({self.seconds:.1f} s), {self.truncated} texts truncated to the model's max length"
+        )

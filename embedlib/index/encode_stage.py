@@ -1,0 +1,153 @@
+"""The encoding stage: tokenize in Ray CPU tasks, encode in a Ray Data actor pool (one model per actor).
+
+Output rows, one per document (or per chunk with late chunking): ``content_hash, chunk, start, end, tokens,
+vector``; ``start``/``end`` are character offsets of the chunk in the embedded text (``end == -1``: whole
+document), ``tokens`` the document's token count after truncation to the model's max length.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import numpy as np
+import pyarrow as pa
+import ray
+import torch
+
+from embedlib import storage
+from embedlib.encoding.batching import pad_batch, plan_batches
+from embedlib.encoding.encoder import Encoder
+from embedlib.encoding.quantize import mean_pool, quantize, truncate
+from embedlib.index.config import IndexJobConfig
+from embedlib.models.loading import Backbone, checkpoint_max_length, load_tokenizer, read_checkpoint_config
+
+
+def embedded_text(title: str, text: str) -> str:
+    """The text a document is embedded as (BEIR's ``title + " " + text``)."""
+    return f"{title} {text}".strip() if title else text
+
+
+@cache
+def tokenizer_only_encoder(model: str) -> Encoder:
+    """An ``Encoder`` without weights: enough for ``tokenize`` in CPU tasks that must not load the model."""
+    folder = storage.local_dir(model)
+    config = read_checkpoint_config(folder, model)
+    tokenizer = load_tokenizer(folder)
+    max_length = checkpoint_max_length(folder, tokenizer, config)
+    return Encoder(Backbone(model=None, tokenizer=tokenizer, source=model, max_length=max_length, is_decoder=False))
+
+
+def content_offsets(encoder: Encoder, texts: list[str]) -> list[np.ndarray]:
+    """Character ``(start, end)`` of every token (special tokens get ``(0, 0)``), truncated like ``tokenize``."""
+    encoded = encoder.tokenizer(texts, truncation=True, max_length=encoder.max_length, return_offsets_mapping=True,
+                                return_attention_mask=False, return_token_type_ids=False)
+    return [np.asarray(o, dtype=np.int32).reshape(-1, 2) for o in encoded["offset_mapping"]]
+
+
+def tokenize_batch(batch: dict[str, np.ndarray], model: str, chunked: bool) -> pa.Table:
+    """Rows ``content_hash, title, text`` -> ``content_hash, input_ids[, offsets]``."""
+    encoder = tokenizer_only_encoder(model)
+    texts = [embedded_text(ti, te) for ti, te in zip(batch["title"], batch["text"], strict=True)]
+    ids, _ = encoder.tokenize(texts)
+    columns = {
+        "content_hash": pa.array(list(batch["content_hash"]), pa.string()),
+        "input_ids": pa.array(ids, pa.list_(pa.int32())),
+    }
+    if chunked:
+        columns["offsets"] = pa.array([o.ravel() for o in content_offsets(encoder, texts)], pa.list_(pa.int32()))
+    return pa.table(columns)
+
+
+def chunk_spans(offsets: np.ndarray, chunk_tokens: int) -> list[tuple[np.ndarray, int, int]]:
+    """Token positions and character span of each chunk of ``chunk_tokens`` content tokens."""
+    content = np.flatnonzero(offsets[:, 1] > offsets[:, 0])
+    if content.size == 0:
+        return [(np.arange(len(offsets)), 0, 0)]
+    spans = []
+    for first in range(0, content.size, chunk_tokens):
+        positions = content[first : first + chunk_tokens]
+        spans.append((positions, int(offsets[positions, 0].min()), int(offsets[positions, 1].max())))
+    return spans
+
+
+def vectors_column(vectors: np.ndarray) -> pa.FixedSizeListArray:
+    """A 2-D array as a fixed-size-list column (what the parquet shards store)."""
+    return pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1])
+
+
+def column_matrix(column: pa.ChunkedArray | pa.Array, dtype: np.dtype) -> np.ndarray:
+    """The inverse of ``vectors_column``."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    width = array.type.list_size
+    return np.asarray(array.flatten().to_numpy(zero_copy_only=False), dtype=dtype).reshape(-1, width)
+
+
+class EncoderActor:
+    """One model per actor; turns tokenized rows into quantized vectors, batching by token budget."""
+
+    def __init__(self, model: str, quantization: str, dim: int | None, chunk_tokens: int | None,
+                 max_tokens_per_batch: int, torch_threads: int | None, device: str | None, dtype: str | None):
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.encoder = Encoder.from_pretrained(model, device=device, dtype=dtype)
+        self.quantization, self.dim, self.chunk_tokens = quantization, dim, chunk_tokens
+        self.max_tokens = max_tokens_per_batch
+
+    @torch.inference_mode()
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        ids = batch.column("input_ids").to_pylist()
+        hashes = batch.column("content_hash").to_pylist()
+        offsets = batch.column("offsets").to_pylist() if self.chunk_tokens else None
+        out = {"content_hash": [], "chunk": [], "start": [], "end": [], "tokens": []}
+        vectors = []
+        pad_id = self.encoder.tokenizer.pad_token_id
+        for rows in plan_batches([len(x) for x in ids], self.max_tokens, len(ids)):
+            input_ids, mask = pad_batch([ids[i] for i in rows], pad_id)
+            if self.chunk_tokens is None:
+                pooled = self.encoder.pooled(input_ids, mask).float()
+                vectors.append(quantize(truncate(pooled, self.dim), self.quantization))
+                out["content_hash"] += [hashes[i] for i in rows]
+                out["chunk"] += [0] * len(rows)
+                out["start"] += [0] * len(rows)
+                out["end"] += [-1] * len(rows)
+                out["tokens"] += [len(ids[i]) for i in rows]
+                continue
+            states = self.encoder.token_states(input_ids, mask).float()
+            for row, index in enumerate(rows):
+                spans = chunk_spans(np.asarray(offsets[index], dtype=np.int32).reshape(-1, 2), self.chunk_tokens)
+                pooled = torch.stack([mean_pool(states[row : row + 1, pos], torch.ones(1, len(pos)))[0]
+                                      for pos, _, _ in spans])
+                vectors.append(quantize(truncate(pooled, self.dim), self.quantization))
+                for chunk, (_, start, end) in enumerate(spans):
+                    out["content_hash"].append(hashes[index])
+                    out["chunk"].append(chunk)
+                    out["start"].append(start)
+                    out["end"].append(end)
+                    out["tokens"].append(len(ids[index]))
+        table = {k: pa.array(v, pa.string() if k == "content_hash" else pa.int32()) for k, v in out.items()}
+        table["vector"] = vectors_column(np.concatenate(vectors) if vectors else np.zeros((0, 1), np.float32))
+        return pa.table(table)
+
+
+def default_torch_threads(cfg: IndexJobConfig) -> int:
+    """Cores per actor when not configured: the node's cores shared by the actors."""
+    return cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.actors)
+
+
+def encode_rows(rows: ray.data.Dataset, cfg: IndexJobConfig, model: str) -> ray.data.Dataset:
+    """``content_hash, title, text`` rows -> encoded rows (lazy; the caller writes them)."""
+    tokens = rows.map_batches(tokenize_batch, batch_format="numpy", batch_size=cfg.batch_rows, num_cpus=0.5,
+                              fn_kwargs=dict(model=model, chunked=cfg.chunk_tokens is not None))
+    return tokens.map_batches(
+        EncoderActor,
+        batch_format="pyarrow",
+        batch_size=cfg.batch_rows,
+        compute=ray.data.ActorPoolStrategy(size=cfg.actors),
+        num_cpus=cfg.cpus_per_actor,
+        num_gpus=cfg.gpus_per_actor,
+        fn_constructor_kwargs=dict(model=model, quantization=cfg.quantization, dim=cfg.dim,
+                                   chunk_tokens=cfg.chunk_tokens, max_tokens_per_batch=cfg.max_tokens_per_batch,
+                                   torch_threads=None if cfg.gpus_per_actor else default_torch_threads(cfg),
+                                   device=cfg.device, dtype=cfg.dtype),
+    )

@@ -1,0 +1,160 @@
+"""FAISS indexes for shards: int8 via ``SQ8_direct_signed``, binary via ``IndexBinary*``, float via flat/IVF-PQ/HNSW.
+
+Scores are always the exact similarity of ``embedlib.encoding.quantize.similarity`` (cosine for int8 and float,
+``-hamming`` for binary): FAISS proposes candidates and they are re-scored from the stored vectors. Flat int8 is
+scanned exhaustively (int8 vectors are not normalized, so FAISS' inner product is not their cosine).
+"""
+
+from __future__ import annotations
+
+import math
+
+import faiss
+import numpy as np
+
+from embedlib.encoding.quantize import cosine_similarity, similarity
+
+SCAN_ROWS = 65_536  # rows per block of the exhaustive int8 scan
+
+
+def normalized(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def faiss_vectors(vectors: np.ndarray, quantization: str) -> np.ndarray:
+    """What FAISS stores/searches: raw int8 values as float32, unit-length floats, packed binary codes."""
+    if quantization == "binary":
+        return np.ascontiguousarray(vectors, dtype=np.uint8)
+    if quantization == "int8":
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+    return normalized(vectors)
+
+
+def faiss_queries(queries: np.ndarray, quantization: str) -> np.ndarray:
+    return np.ascontiguousarray(queries, dtype=np.uint8) if quantization == "binary" else normalized(queries)
+
+
+def default_params(index_type: str, quantization: str, width: int, total_rows: int, cfg) -> dict:
+    """Index parameters for a corpus of ``total_rows``; ``cfg`` fields override the defaults."""
+    params: dict = {}
+    if index_type == "ivf":
+        params["nlist"] = cfg.nlist or max(1, min(int(4 * math.sqrt(total_rows)), total_rows // 39 or 1))
+        params["nprobe"] = cfg.nprobe
+        if quantization == "float":
+            params["pq_m"] = cfg.pq_m or next(m for m in (width // 8, width // 4, width // 2, width)
+                                              if m >= 1 and width % m == 0)
+    if index_type == "hnsw":
+        params["hnsw_m"] = cfg.hnsw_m
+        params["ef_search"] = cfg.ef_search
+    if index_type != "flat":
+        params["rerank_factor"] = cfg.rerank_factor
+    return params
+
+
+def empty_index(quantization: str, index_type: str, dim: int, params: dict):
+    """An untrained, empty index for ``dim`` dimensions."""
+    ip = faiss.METRIC_INNER_PRODUCT
+    sq8 = faiss.ScalarQuantizer.QT_8bit_direct_signed
+    if quantization == "binary":
+        if index_type == "flat":
+            return faiss.IndexBinaryFlat(dim)
+        if index_type == "ivf":
+            return faiss.IndexBinaryIVF(faiss.IndexBinaryFlat(dim), dim, params["nlist"])
+        return faiss.IndexBinaryHNSW(dim, params["hnsw_m"])
+    if quantization == "int8":
+        if index_type == "flat":
+            return faiss.IndexScalarQuantizer(dim, sq8, ip)
+        if index_type == "ivf":
+            return faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, params["nlist"], sq8, ip)
+        return faiss.IndexHNSWSQ(dim, sq8, params["hnsw_m"], ip)
+    if index_type == "flat":
+        return faiss.IndexFlatIP(dim)
+    if index_type == "ivf":
+        return faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, params["nlist"], params["pq_m"], 8, ip)
+    return faiss.IndexHNSWFlat(dim, params["hnsw_m"], ip)
+
+
+def serialize(index) -> bytes:
+    binary = isinstance(index, faiss.IndexBinary)
+    return (faiss.serialize_index_binary(index) if binary else faiss.serialize_index(index)).tobytes()
+
+
+def deserialize(data: bytes, quantization: str):
+    array = np.frombuffer(data, dtype=np.uint8)
+    return faiss.deserialize_index_binary(array) if quantization == "binary" else faiss.deserialize_index(array)
+
+
+def trained_template(quantization: str, index_type: str, dim: int, params: dict, sample: np.ndarray) -> bytes:
+    """The serialized empty index every shard starts from; IVF coarse quantizers are trained here, once."""
+    index = empty_index(quantization, index_type, dim, params)
+    if not index.is_trained:
+        index.train(faiss_vectors(sample, quantization))
+    return serialize(index)
+
+
+def shard_index(template: bytes, vectors: np.ndarray, quantization: str) -> bytes:
+    """The template with one shard's vectors added, serialized."""
+    index = deserialize(template, quantization)
+    if len(vectors):
+        index.add(faiss_vectors(vectors, quantization))
+    return serialize(index)
+
+
+def set_search_params(index, params: dict) -> None:
+    if "nprobe" in params and hasattr(index, "nprobe"):
+        index.nprobe = params["nprobe"]
+    if "ef_search" in params and hasattr(index, "hnsw"):
+        index.hnsw.efSearch = params["ef_search"]
+
+
+def top_k(scores: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the ``k`` highest scores (ties: lower position first), padded with ``-inf`` / ``-1``."""
+    n = scores.shape[0]
+    out_scores = np.full((n, k), -np.inf, dtype=np.float32)
+    out_positions = np.full((n, k), -1, dtype=np.int64)
+    for row in range(n):
+        valid = positions[row] >= 0
+        s, p = scores[row][valid], positions[row][valid]
+        order = np.lexsort((p, -s))[:k]
+        out_scores[row, : order.size] = s[order]
+        out_positions[row, : order.size] = p[order]
+    return out_scores, out_positions
+
+
+def exhaustive_cosine(queries: np.ndarray, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact cosine top-k over all stored vectors, scanned in blocks."""
+    best_scores = np.full((len(queries), 0), -np.inf, dtype=np.float32)
+    best_positions = np.zeros((len(queries), 0), dtype=np.int64)
+    for first in range(0, len(vectors), SCAN_ROWS):
+        scores = cosine_similarity(queries, vectors[first : first + SCAN_ROWS])
+        positions = np.broadcast_to(np.arange(first, first + scores.shape[1]), scores.shape)
+        take = min(k, scores.shape[1])
+        part = np.argpartition(-scores, take - 1, axis=1)[:, :take]
+        best_scores = np.hstack([best_scores, np.take_along_axis(scores, part, 1)])
+        best_positions = np.hstack([best_positions, np.take_along_axis(positions, part, 1)])
+        best_scores, best_positions = top_k(best_scores, best_positions, k)
+    return top_k(best_scores, best_positions, k)
+
+
+def rescore(queries: np.ndarray, vectors: np.ndarray, candidates: np.ndarray, quantization: str, k: int):
+    """Exact scores of each query's candidate rows, best ``k`` kept."""
+    scores = np.full(candidates.shape, -np.inf, dtype=np.float32)
+    for row in range(len(queries)):
+        valid = candidates[row] >= 0
+        if valid.any():
+            scores[row, valid] = similarity(queries[row : row + 1], vectors[candidates[row, valid]], quantization)[0]
+    return top_k(scores, candidates, k)
+
+
+def search_shard(index, vectors: np.ndarray, queries: np.ndarray, k: int, quantization: str, index_type: str,
+                 params: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` ``(scores, positions)`` of one shard for stored-form queries, with exact scores."""
+    if len(vectors) == 0:
+        return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
+    if index_type == "flat" and quantization == "int8":
+        return exhaustive_cosine(queries, vectors, k)
+    set_search_params(index, params)
+    fetch = min(len(vectors), k if index_type == "flat" else k * params.get("rerank_factor", 1))
+    _, candidates = index.search(faiss_queries(queries, quantization), fetch)
+    return rescore(queries, vectors, candidates.astype(np.int64), quantization, k)

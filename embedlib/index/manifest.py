@@ -1,0 +1,105 @@
+"""Index manifests: one JSON per published version, the root ``manifest.json`` naming the current one.
+
+Layout under an index URL::
+
+    manifest.json              the current version's manifest (written last, atomically)
+    v000002/manifest.json      every published version keeps its own copy (older versions stay readable)
+    v000002/shard-00000.parquet, shard-00000.faiss, rejects.jsonl
+    _staging/<encoding key>/   encoded parts of runs not yet published (resume and carry-over source)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+from embedlib import storage
+
+MANIFEST = "manifest.json"
+FORMAT = "embedlib-index/1"
+VERSION_DIR = re.compile(r"^v(\d{6})$")
+
+
+class ManifestError(ValueError):
+    """A missing or unreadable manifest; the message names the URL."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` without any user/password part (credentials never go into manifests or logs)."""
+    parts = urlsplit(str(url))
+    if parts.username is None and parts.password is None:
+        return str(url)
+    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+
+
+def version_name(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def encoding_key(weights_hash: str, quantization: str, dim: int | None, chunk_tokens: int | None,
+                 max_length: int) -> str:
+    """What decides whether an embedding can be reused: model weights and how vectors were made from them."""
+    spec = json.dumps([weights_hash, quantization, dim, chunk_tokens, max_length])
+    return hashlib.sha256(spec.encode()).hexdigest()[:24]
+
+
+def read_manifest(url: str) -> dict:
+    """The manifest at ``url`` (an index root, a version folder, or a manifest file), with ``base`` set.
+
+    ``base`` is the folder the manifest's shard names are relative to.
+    """
+    url = str(url).rstrip("/")
+    manifest_url = url if url.endswith(".json") else storage.join(url, MANIFEST)
+    try:
+        manifest = json.loads(storage.read_bytes(manifest_url))
+    except FileNotFoundError as err:
+        raise ManifestError(f"{manifest_url}: no index manifest (nothing published at {url})") from err
+    except (OSError, json.JSONDecodeError) as err:
+        raise ManifestError(f"{manifest_url}: unreadable manifest ({err})") from err
+    if manifest.get("format") != FORMAT:
+        raise ManifestError(f"{manifest_url}: not an embedlib index manifest (format {manifest.get('format')!r})")
+    root = manifest_url.rsplit("/", 1)[0]
+    name = root.rsplit("/", 1)[-1]
+    manifest["base"] = root if VERSION_DIR.match(name) else storage.join(root, manifest["path"])
+    return manifest
+
+
+def published_manifest(url: str) -> dict | None:
+    """The current manifest at an index root, or None when nothing was published there yet."""
+    if not storage.exists(storage.join(url, MANIFEST)):
+        return None
+    return read_manifest(url)
+
+
+def version_folders(url: str) -> dict[int, str]:
+    """Version number -> folder path (filesystem-internal) of every ``vNNNNNN`` folder under ``url``."""
+    fs, path = storage.filesystem(url)
+    if not fs.exists(path):
+        return {}
+    found = {}
+    for entry in fs.ls(path, detail=False):
+        match = VERSION_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
+        if match:
+            found[int(match.group(1))] = entry
+    return found
+
+
+def publish(url: str, manifest: dict) -> None:
+    """Write the version's own manifest, then the root manifest: readers switch to it in one step."""
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    storage.write_bytes_atomic(storage.join(url, manifest["path"], MANIFEST), data)
+    storage.write_bytes_atomic(storage.join(url, MANIFEST), data)
+
+
+def prune_versions(url: str, current: int, keep: int) -> list[int]:
+    """Delete published versions older than the ``keep`` newest and unpublished leftovers; returns them."""
+    fs, _ = storage.filesystem(url)
+    removed = []
+    for version, path in sorted(version_folders(url).items()):
+        published = fs.exists(f"{path.rstrip('/')}/{MANIFEST}")
+        if version < current and (version <= current - keep or not published):
+            fs.rm(path, recursive=True)
+            removed.append(version)
+    return removed

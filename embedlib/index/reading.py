@@ -1,0 +1,184 @@
+"""Read a corpus (jsonl or parquet, any fsspec URL) into a Ray dataset of checked rows.
+
+Every input row comes out once, either valid (``reason == ""``) or with the reason it is rejected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pyarrow as pa
+import ray
+from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+from embedlib import storage
+from embedlib.index.config import IndexJobConfig
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+ROW_COLUMNS = ("id", "title", "text", "content_hash", "reason", "source", "line")
+
+
+class InputError(ValueError):
+    """An input that cannot be indexed at all (missing, unreadable, empty); the message names the URL."""
+
+
+def content_hash(title: str, text: str) -> str:
+    """Identity of a document's content: what decides whether it must be re-embedded."""
+    return hashlib.sha256(f"{title}\x1f{text}".encode()).hexdigest()[:32]
+
+
+def input_format(cfg: IndexJobConfig, files: list[str]) -> str:
+    if cfg.input_format != "auto":
+        return cfg.input_format
+    if all(f.endswith(PARQUET_SUFFIXES) for f in files):
+        return "parquet"
+    if all(f.endswith(JSONL_SUFFIXES) for f in files):
+        return "jsonl"
+    raise InputError(f"{cfg.input}: cannot tell the format of {files[:3]}; set input_format to jsonl or parquet")
+
+
+def list_input_files(url: str, fmt: str = "auto") -> list[str]:
+    """The data files at ``url`` (one file, or every jsonl/parquet file under a folder), sorted."""
+    try:
+        fs, path = storage.filesystem(url)
+        if fs.isfile(path):
+            return [path]
+        if not fs.isdir(path):
+            raise InputError(f"{url}: no such file or folder")
+        suffixes = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES}.get(fmt, JSONL_SUFFIXES + PARQUET_SUFFIXES)
+        files = sorted(f for f in fs.find(path) if f.endswith(suffixes))
+    except InputError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any filesystem failure is reported with the URL
+        raise InputError(f"{url}: cannot list input ({type(err).__name__}: {err})") from err
+    if not files:
+        raise InputError(f"{url}: no {fmt if fmt != 'auto' else 'jsonl or parquet'} files found")
+    return files
+
+
+def ray_filesystem(url: str):
+    """What Ray's readers/writers take as ``filesystem``: None for local paths, else fsspec wrapped for pyarrow."""
+    if storage.is_local(url):
+        return None
+    fs, _ = storage.filesystem(url)
+    return PyFileSystem(FSSpecHandler(fs))
+
+
+def check_row(raw_id, title, text, max_chars: int) -> tuple[str, str, str, str]:
+    """``(id, title, text, reason)`` for one row; ``reason`` is empty when the row is valid."""
+    if isinstance(raw_id, (int, np.integer)) and not isinstance(raw_id, bool):
+        raw_id = str(raw_id)
+    doc_id = raw_id if isinstance(raw_id, str) else ""
+    if not doc_id:
+        return "", "", "", "missing id"
+    if text is None:
+        return doc_id, "", "", "null text"
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return doc_id, "", "", "undecodable bytes"
+    if not isinstance(text, str):
+        return doc_id, "", "", "non-string text"
+    if len(text) > max_chars:
+        return doc_id, "", "", f"text over {max_chars} chars"
+    title = title if isinstance(title, str) else ""
+    return doc_id, title, text, ""
+
+
+def rows_table(records: list[tuple], max_chars: int) -> dict[str, np.ndarray]:
+    """Checked rows from ``(raw_id, title, text, source, line, reason_or_None)`` records."""
+    out = {name: [] for name in ROW_COLUMNS}
+    for raw_id, title, text, source, line, early_reason in records:
+        if early_reason:
+            doc_id, title, text, reason = (raw_id if isinstance(raw_id, str) else ""), "", "", early_reason
+        else:
+            doc_id, title, text, reason = check_row(raw_id, title, text, max_chars)
+        out["id"].append(doc_id)
+        out["title"].append(title)
+        out["text"].append(text)
+        out["content_hash"].append(content_hash(title, text) if not reason else "")
+        out["reason"].append(reason)
+        out["source"].append(source)
+        out["line"].append(line)
+    return {k: np.array(v, dtype=np.int64 if k == "line" else object) for k, v in out.items()}
+
+
+def parse_jsonl_files(batch: dict[str, np.ndarray], id_column: str, text_column: str, title_column: str | None,
+                      max_chars: int) -> dict[str, np.ndarray]:
+    """One jsonl file's bytes -> checked rows (one per non-blank line)."""
+    records = []
+    for data, path in zip(batch["bytes"], batch["path"], strict=True):
+        for number, line in enumerate(bytes(data).split(b"\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                decoded = line.decode("utf-8")
+            except UnicodeDecodeError:
+                row = try_json(line.decode("utf-8", errors="replace"))
+                records.append((row.get(id_column), None, None, path, number, "undecodable bytes"))
+                continue
+            row = try_json(decoded)
+            if row is None:
+                records.append((None, None, None, path, number, "invalid json"))
+                continue
+            title = row.get(title_column) if title_column else None
+            records.append((row.get(id_column), title, row.get(text_column), path, number, None))
+    return rows_table(records, max_chars)
+
+
+def try_json(line: str) -> dict | None:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def check_parquet_batch(batch: pa.Table, id_column: str, text_column: str, title_column: str | None,
+                        max_chars: int) -> dict[str, np.ndarray]:
+    """A parquet batch -> checked rows (a missing text column rejects every row as null text)."""
+    n = batch.num_rows
+    ids = batch.column(id_column).to_pylist() if id_column in batch.column_names else [None] * n
+    texts = batch.column(text_column).to_pylist() if text_column in batch.column_names else [None] * n
+    titles = (batch.column(title_column).to_pylist() if title_column and title_column in batch.column_names
+              else [None] * n)
+    paths = batch.column("path").to_pylist() if "path" in batch.column_names else [""] * n
+    records = [(i, ti, te, p, -1, None) for i, ti, te, p in zip(ids, titles, texts, paths, strict=True)]
+    return rows_table(records, max_chars)
+
+
+def input_snapshot(url: str, files: list[str]) -> dict:
+    """What the input was when read: each file's size and etag/mtime, and one hash over them."""
+    fs, _ = storage.filesystem(url)
+    entries = []
+    for path in files:
+        info = fs.info(path)
+        stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
+        entries.append({"path": path, "size": int(info.get("size") or 0), "stamp": str(stamp).strip('"')})
+    digest = hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+    return {"url": storage.public_url(url) if hasattr(storage, "public_url") else url, "files": entries,
+            "sha256": digest}
+
+
+def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
+    """A Ray dataset of checked rows (``ROW_COLUMNS``) and the input files it reads."""
+    files = list_input_files(cfg.input, cfg.input_format)
+    fmt = input_format(cfg, files)
+    filesystem = ray_filesystem(cfg.input)
+    kwargs = dict(text_column=cfg.text_column, title_column=cfg.title_column, max_chars=cfg.max_text_chars)
+    try:
+        if fmt == "jsonl":
+            ds = ray.data.read_binary_files(files, include_paths=True, filesystem=filesystem)
+            ds = ds.map_batches(parse_jsonl_files, batch_size=1, batch_format="numpy", num_cpus=0.5,
+                                fn_kwargs=dict(id_column=cfg.id_column or "_id", **kwargs))
+        else:
+            ds = ray.data.read_parquet(files, include_paths=True, filesystem=filesystem)
+            ds = ds.map_batches(check_parquet_batch, batch_format="pyarrow", num_cpus=0.5,
+                                fn_kwargs=dict(id_column=cfg.id_column or "id", **kwargs))
+    except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
+        raise InputError(f"{cfg.input}: cannot read input ({type(err).__name__}: {err})") from err
+    return ds, files

@@ -1,0 +1,178 @@
+"""``ShardedIndex``: search a published index; fans out over shards (in process, or Ray actors when large).
+
+``search`` returns ``(scores, ids)``: float32 ``(n, k)`` exact similarities (cosine for int8/float, ``-hamming``
+for binary), best first, and the matching id lists. When an index holds fewer than ``k`` rows the missing
+places are score ``-inf`` and id ``None``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+import ray
+
+from embedlib import storage
+from embedlib.encoding.encoder import Encoder
+from embedlib.encoding.quantize import output_dtype, output_width
+from embedlib.index.encode_stage import column_matrix
+from embedlib.index.faiss_shards import deserialize, search_shard, top_k
+from embedlib.index.manifest import ManifestError, read_manifest
+
+RAY_THRESHOLD_ROWS = 5_000_000  # above this many rows, shards are served by Ray actors
+
+
+class IndexMismatchError(ValueError):
+    """Queries made by another model, quantization or width than the index; the message says which."""
+
+
+def read_checked(url: str, sha256: str) -> bytes:
+    data = storage.read_bytes(url)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ManifestError(f"{url}: checksum does not match the manifest (corrupt or replaced shard)")
+    return data
+
+
+class Shard:
+    """One shard in memory: its FAISS index, stored vectors (for exact scores) and ids."""
+
+    def __init__(self, base: str, entry: dict, manifest: dict):
+        table = pq.read_table(io.BytesIO(read_checked(storage.join(base, f"{entry['name']}.parquet"),
+                                                      entry["parquet_sha256"])), columns=["id", "vector"])
+        self.quantization = manifest["quantization"]
+        self.index_type = manifest["index"]["type"]
+        self.params = dict(manifest["index"]["params"])
+        self.ids = table.column("id").to_pylist()
+        width = output_width(manifest["dim"], self.quantization)
+        self.vectors = (column_matrix(table.column("vector"), output_dtype(self.quantization)) if self.ids
+                        else np.zeros((0, width), output_dtype(self.quantization)))
+        self.index = deserialize(read_checked(storage.join(base, f"{entry['name']}.faiss"), entry["faiss_sha256"]),
+                                 self.quantization)
+
+    def search(self, queries: np.ndarray, k: int, overrides: dict) -> tuple[np.ndarray, list[list[str | None]]]:
+        scores, positions = search_shard(self.index, self.vectors, queries, k, self.quantization, self.index_type,
+                                         self.params | overrides)
+        return scores, [[self.ids[p] if p >= 0 else None for p in row] for row in positions]
+
+
+ShardActor = ray.remote(num_cpus=0.25)(Shard)
+
+
+class ShardedIndex:
+    """A published index opened for search; see the module docstring for what ``search`` returns."""
+
+    def __init__(self, manifest: dict, shards: list, encoder: Encoder | None = None, remote: bool = False):
+        self.manifest = manifest
+        self.shards = shards
+        self.remote = remote
+        self._encoder = encoder
+
+    @classmethod
+    def open(cls, url: str | os.PathLike, model: str | os.PathLike | Encoder | None = None,
+             use_ray: bool | None = None) -> ShardedIndex:
+        """Open the current version at an index root (or a specific ``vNNNNNN`` folder / manifest file).
+
+        ``model`` overrides where the query encoder is loaded from (it must have the index's weights).
+        ``use_ray``: serve shards from Ray actors; by default only for indexes over ``RAY_THRESHOLD_ROWS``.
+        """
+        manifest = read_manifest(str(url))
+        rows = sum(s["rows"] for s in manifest["shards"])
+        remote = rows > RAY_THRESHOLD_ROWS if use_ray is None else use_ray
+        if remote:
+            shards = [ShardActor.remote(manifest["base"], entry, manifest) for entry in manifest["shards"]]
+        else:
+            shards = [Shard(manifest["base"], entry, manifest) for entry in manifest["shards"]]
+        index = cls(manifest, shards, remote=remote)
+        if isinstance(model, Encoder):
+            index.set_encoder(model)
+        elif model is not None:
+            index.set_encoder(Encoder.from_pretrained(model))
+        return index
+
+    @property
+    def quantization(self) -> str:
+        return self.manifest["quantization"]
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    def __len__(self) -> int:
+        return sum(s["rows"] for s in self.manifest["shards"])
+
+    def check_compatible(self, weights_hash: str | None = None, quantization: str | None = None,
+                         dim: int | None = None) -> None:
+        """Refuse (``IndexMismatchError``) queries made by another model, quantization or width."""
+        model = self.manifest["model"]
+        if weights_hash is not None and weights_hash != model["weights_hash"]:
+            raise IndexMismatchError(
+                f"index {self.manifest['base']} was built with model {model['source']} (weights "
+                f"{model['weights_hash'][:12]}), queries come from weights {weights_hash[:12]}")
+        if quantization is not None and quantization != self.quantization:
+            raise IndexMismatchError(f"index {self.manifest['base']} holds {self.quantization} vectors, "
+                                     f"queries are {quantization}")
+        if dim is not None and dim != self.dim:
+            raise IndexMismatchError(f"index {self.manifest['base']} has dim {self.dim}, queries have dim {dim}")
+
+    def set_encoder(self, encoder: Encoder) -> None:
+        self.check_compatible(weights_hash=encoder.weights_hash)
+        self._encoder = encoder
+
+    @property
+    def encoder(self) -> Encoder:
+        """The manifest's model (loaded on first use and checked against the manifest's weight hash)."""
+        if self._encoder is None:
+            self.set_encoder(Encoder.from_pretrained(self.manifest["model"]["source"]))
+        return self._encoder
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Texts -> query vectors in the index's stored form."""
+        return self.encoder.encode(list(texts), quantization=self.quantization, dim=self.dim)
+
+    def check_vectors(self, queries: np.ndarray) -> np.ndarray:
+        """Query vectors must have the index's dtype (its quantization) and width."""
+        queries = np.asarray(queries)
+        if queries.ndim == 1:
+            queries = queries[None, :]
+        expected = output_dtype(self.quantization)
+        width = output_width(self.dim, self.quantization)
+        kind = {"int8": "int8", "binary": "uint8 (packed binary)", "float": "float32"}[self.quantization]
+        if queries.ndim != 2 or queries.shape[1] != width or (
+            queries.dtype != expected and not (self.quantization == "float" and queries.dtype.kind == "f")
+        ):
+            raise IndexMismatchError(
+                f"index {self.manifest['base']} is {self.quantization} with dim {self.dim}: query vectors must be "
+                f"{kind} with {width} columns, got {queries.dtype} with shape {queries.shape}")
+        return queries
+
+    def search(self, queries: Sequence[str] | np.ndarray, k: int, nprobe: int | None = None,
+               ef_search: int | None = None) -> tuple[np.ndarray, list[list[str | None]]]:
+        """Top-``k`` ``(scores, ids)`` per query, best first (texts are encoded with the manifest's model)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if isinstance(queries, np.ndarray):
+            vectors = self.check_vectors(queries)
+        else:
+            vectors = self.encode_queries(queries)
+        overrides = {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value}
+        if self.remote:
+            results = ray.get([shard.search.remote(vectors, k, overrides) for shard in self.shards])
+        else:
+            results = [shard.search(vectors, k, overrides) for shard in self.shards]
+        return merge_results(results, len(vectors), k)
+
+
+def merge_results(results: list[tuple[np.ndarray, list[list[str | None]]]], n: int,
+                  k: int) -> tuple[np.ndarray, list[list[str | None]]]:
+    """Merge per-shard top-k lists into one (ties: earlier shard first, as one unsharded index orders them)."""
+    if not results:
+        return np.full((n, k), -np.inf, np.float32), [[None] * k for _ in range(n)]
+    scores = np.hstack([r[0] for r in results])
+    ids = [sum((r[1][row] for r in results), []) for row in range(n)]
+    positions = np.where(np.isfinite(scores), np.arange(scores.shape[1])[None, :], -1)
+    best_scores, best_positions = top_k(scores, positions, k)
+    return best_scores, [[ids[row][p] if p >= 0 else None for p in best_positions[row]] for row in range(n)]
