@@ -50,7 +50,7 @@ class PromptTemplate:
 
     def __post_init__(self) -> None:
         if not self.instruction.endswith('The words are: "'):
-            raise ValueError('PromptTemplate.instruction must end with \'The words are: "\'')
+            raise ValueError("PromptTemplate.instruction must end with 'The words are: \"'")
 
     def parts(self, k: int, kind: Kind) -> tuple[str, str]:
         """The text before and after the wrapped text (the latter ending in ``The words are: "``)."""
@@ -90,7 +90,7 @@ def check_k(k: int) -> int:
 def excluded_term_ids(tokenizer, vocab_size: int) -> np.ndarray:
     """Vocabulary ids a sparse vector never uses: special tokens and ids beyond the tokenizer's vocabulary."""
     excluded = np.zeros(vocab_size, dtype=bool)
-    excluded[min(len(tokenizer), vocab_size):] = True
+    excluded[min(len(tokenizer), vocab_size) :] = True
     special = [i for i in tokenizer.all_special_ids if i is not None and 0 <= i < vocab_size]
     excluded[special] = True
     return excluded
@@ -106,7 +106,8 @@ def sparse_from_logits(logits: torch.Tensor, excluded: torch.Tensor, top_terms: 
     rows = np.repeat(np.arange(len(values)), keep)
     nonzero = values.reshape(-1) > 0
     return sp.csr_matrix(
-        (values.reshape(-1)[nonzero], (rows[nonzero], ids.reshape(-1)[nonzero])), shape=weights.shape,
+        (values.reshape(-1)[nonzero], (rows[nonzero], ids.reshape(-1)[nonzero])),
+        shape=weights.shape,
         dtype=np.float32,
     )
 
@@ -127,16 +128,19 @@ class _RepresentativeBase:
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def prompt_ids(self, texts: Sequence[str], k: int, kind: Kind, masks: list[int], tail: list[int]
-                   ) -> tuple[list[list[int]], int]:
+    def prompt_ids(
+        self, texts: Sequence[str], k: int, kind: Kind, masks: list[int], tail: list[int]
+    ) -> tuple[list[list[int]], int]:
         """``prefix + text + instruction + masks + tail`` ids per text, the text cut to fit ``max_length``;
         and how many texts were cut."""
         prefix, instruction = self.template.parts(k, kind)
         head, middle = self._ids(prefix), self._ids(instruction)
         budget = self.max_length - len(head) - len(middle) - len(masks) - len(tail)
         if budget < 1:
-            raise ValueError(f"max_length={self.max_length} leaves no room for text with k={k} "
-                             f"({len(head) + len(middle) + len(masks) + len(tail)} prompt tokens)")
+            raise ValueError(
+                f"max_length={self.max_length} leaves no room for text with k={k} "
+                f"({len(head) + len(middle) + len(masks) + len(tail)} prompt tokens)"
+            )
         texts = check_texts(texts)
         bodies = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         truncated = sum(len(body) > budget for body in bodies)
@@ -146,7 +150,9 @@ class _RepresentativeBase:
 class DiffRetrieverEncoder(_RepresentativeBase):
     """K representative tokens from ONE bidirectional forward pass of a diffusion LM."""
 
-    def __init__(self, lm: DiffusionLM, template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS):
+    def __init__(
+        self, lm: DiffusionLM, template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS
+    ):
         self.lm = lm
         self.model = lm.model
         self.tokenizer = lm.tokenizer
@@ -159,12 +165,21 @@ class DiffRetrieverEncoder(_RepresentativeBase):
         self.last_stats = RepresentativeStats()
 
     @classmethod
-    def from_pretrained(cls, path_or_url: str | os.PathLike, device=None, dtype=None, max_length: int | None = None,
-                        template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS,
-                        ) -> DiffRetrieverEncoder:
+    def from_pretrained(
+        cls,
+        path_or_url: str | os.PathLike,
+        device=None,
+        dtype=None,
+        max_length: int | None = None,
+        template: PromptTemplate | None = None,
+        top_terms: int = DEFAULT_TOP_TERMS,
+    ) -> DiffRetrieverEncoder:
         """Load a Dream, LLaDA or embedlib diffusion checkpoint (local path or fsspec URL)."""
-        return cls(load_diffusion_lm(path_or_url, device=device, dtype=dtype, max_length=max_length),
-                   template=template, top_terms=top_terms)
+        return cls(
+            load_diffusion_lm(path_or_url, device=device, dtype=dtype, max_length=max_length),
+            template=template,
+            top_terms=top_terms,
+        )
 
     @property
     def dim(self) -> int:
@@ -172,10 +187,13 @@ class DiffRetrieverEncoder(_RepresentativeBase):
 
     def masked_prompts(self, texts: Sequence[str], k: int, kind: Kind) -> tuple[list[list[int]], int]:
         """Prompt ids ending in K mask tokens and the tail, and how many texts were truncated."""
-        return self.prompt_ids(texts, check_k(k), kind, [self.lm.mask_token_id] * k, self._ids(self.template.tail))
+        return self.prompt_ids(
+            texts, check_k(k), kind, [self.lm.mask_token_id] * k, self._ids(self.template.tail)
+        )
 
-    def states_and_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    def states_and_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One bidirectional pass over right-padded prompts: last-layer states ``(B, K, d)`` and logits
         ``(B, K, V)`` at the K predicting positions (the LM head runs on those positions only)."""
         device = self.lm.device
@@ -189,8 +207,15 @@ class DiffRetrieverEncoder(_RepresentativeBase):
         return states, self.model.get_output_embeddings()(states)
 
     @torch.inference_mode()
-    def encode(self, texts: Sequence[str], k: int, kind: Kind = "passage", batch_size: int = 64,
-               max_tokens_per_batch: int = 16_384, show_progress: bool = False) -> RepresentativeTokens:
+    def encode(
+        self,
+        texts: Sequence[str],
+        k: int,
+        kind: Kind = "passage",
+        batch_size: int = 64,
+        max_tokens_per_batch: int = 16_384,
+        show_progress: bool = False,
+    ) -> RepresentativeTokens:
         """Dense ``(K, d)`` and sparse vectors of ``texts`` in input order; one forward pass per batch."""
         ids, truncated = self.masked_prompts(texts, k, kind)
         plan = plan_batches([len(x) for x in ids], max_tokens_per_batch, batch_size)
@@ -214,8 +239,10 @@ def mask_positions(input_ids: torch.Tensor, mask_token_id: int, k: int) -> torch
     is_mask = input_ids == mask_token_id
     counts = is_mask.sum(dim=1)
     if bool((counts != k).any()):
-        raise ValueError(f"every prompt must hold exactly k={k} mask tokens, found {counts.tolist()} "
-                         f"(does the text contain the mask token?)")
+        raise ValueError(
+            f"every prompt must hold exactly k={k} mask tokens, found {counts.tolist()} "
+            f"(does the text contain the mask token?)"
+        )
     return is_mask.nonzero()[:, 1].view(-1, k)
 
 
@@ -230,8 +257,14 @@ def restore_order(rows: list[sp.csr_matrix], order: list[int], vocab_size: int) 
 class PromptRepsEncoder(_RepresentativeBase):
     """The autoregressive baseline: the same instruction on a causal LM, K tokens generated greedily."""
 
-    def __init__(self, model, tokenizer, max_length: int = 512, template: PromptTemplate | None = None,
-                 top_terms: int = DEFAULT_TOP_TERMS):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_length: int = 512,
+        template: PromptTemplate | None = None,
+        top_terms: int = DEFAULT_TOP_TERMS,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.max_length = max_length
@@ -242,29 +275,49 @@ class PromptRepsEncoder(_RepresentativeBase):
         self.last_stats = RepresentativeStats()
 
     @classmethod
-    def from_pretrained(cls, path_or_url: str | os.PathLike, device=None, dtype=None, max_length: int = 512,
-                        template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS
-                        ) -> PromptRepsEncoder:
+    def from_pretrained(
+        cls,
+        path_or_url: str | os.PathLike,
+        device=None,
+        dtype=None,
+        max_length: int = 512,
+        template: PromptTemplate | None = None,
+        top_terms: int = DEFAULT_TOP_TERMS,
+    ) -> PromptRepsEncoder:
         model, tokenizer = load_causal_lm(path_or_url, device=device, dtype=dtype)
         return cls(model, tokenizer, max_length=max_length, template=template, top_terms=top_terms)
 
     @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy decoding of K tokens (K forward passes, KV cache): per step the last-layer state that
         predicted the token ``(B, K, d)`` and its logits ``(B, K, V)``."""
         device = next(self.model.parameters()).device
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=k,
-            min_new_tokens=k, do_sample=False, output_logits=True, output_hidden_states=True,
-            return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id,
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            max_new_tokens=k,
+            min_new_tokens=k,
+            do_sample=False,
+            output_logits=True,
+            output_hidden_states=True,
+            return_dict_in_generate=True,
+            pad_token_id=self.tokenizer.pad_token_id,
         )
         states = torch.stack([step[-1][:, -1, :] for step in out.hidden_states], dim=1)
         logits = torch.stack(list(out.logits), dim=1)
         return states, logits
 
-    def encode(self, texts: Sequence[str], k: int, kind: Kind = "passage", batch_size: int = 64,
-               max_tokens_per_batch: int = 16_384, show_progress: bool = False) -> RepresentativeTokens:
+    def encode(
+        self,
+        texts: Sequence[str],
+        k: int,
+        kind: Kind = "passage",
+        batch_size: int = 64,
+        max_tokens_per_batch: int = 16_384,
+        show_progress: bool = False,
+    ) -> RepresentativeTokens:
         """Dense ``(K, d)`` and sparse vectors of ``texts`` in input order; K forward passes per batch."""
         ids, truncated = self.prompt_ids(texts, check_k(k), kind, [], [])
         plan = plan_batches([len(x) + k for x in ids], max_tokens_per_batch, batch_size)

@@ -173,9 +173,14 @@ def load_lm_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (ValueError, OSError, KeyError, AttributeError) as err:
         if not (folder / "tokenizer.json").is_file():
-            raise CheckpointError(f"{folder}: tokenizer needs remote code and there is no tokenizer.json") from err
-        special = json.loads((folder / "tokenizer_config.json").read_text()) if (
-            folder / "tokenizer_config.json").is_file() else {}
+            raise CheckpointError(
+                f"{folder}: tokenizer needs remote code and there is no tokenizer.json"
+            ) from err
+        special = (
+            json.loads((folder / "tokenizer_config.json").read_text())
+            if (folder / "tokenizer_config.json").is_file()
+            else {}
+        )
         names = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
         tokenizer = PreTrainedTokenizerFast(
             tokenizer_file=str(folder / "tokenizer.json"),
@@ -228,18 +233,27 @@ def load_diffusion_lm(
     device = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, device)
     if kind == "embedlib":
-        backbone = load_backbone(source, device=device, dtype=torch_dtype, max_length=max_length, with_lm_head=True)
+        backbone = load_backbone(
+            source, device=device, dtype=torch_dtype, max_length=max_length, with_lm_head=True
+        )
         model, tokenizer = backbone.model, backbone.tokenizer
         default_shift = int(fields.get("logits_shift", 0))
     else:
         tokenizer = load_lm_tokenizer(folder)
         if kind == "dream":
-            model = load_weights_strictly(BidirectionalQwen2ForMaskedLM, folder, dream_config(fields), torch_dtype,
-                                          source)
+            model = load_weights_strictly(
+                BidirectionalQwen2ForMaskedLM, folder, dream_config(fields), torch_dtype, source
+            )
             default_shift = 1
         else:
-            model = load_weights_strictly(BidirectionalLlamaForMaskedLM, folder, llada_config(fields, source),
-                                          torch_dtype, source, key_mapping=LLADA_KEY_MAPPING)
+            model = load_weights_strictly(
+                BidirectionalLlamaForMaskedLM,
+                folder,
+                llada_config(fields, source),
+                torch_dtype,
+                source,
+                key_mapping=LLADA_KEY_MAPPING,
+            )
             default_shift = 0
         model.to(device).eval()
     return DiffusionLM(
@@ -263,8 +277,10 @@ def load_causal_lm(
     folder = storage.local_dir(source)
     fields = read_checkpoint_config(folder, source)
     if fields["model_type"] not in ("qwen3", "qwen2", "llama"):
-        raise CheckpointError(f"{source}: the autoregressive baseline needs a causal qwen3/qwen2/llama checkpoint, "
-                              f"got model_type {fields['model_type']!r}")
+        raise CheckpointError(
+            f"{source}: the autoregressive baseline needs a causal qwen3/qwen2/llama checkpoint, "
+            f"got model_type {fields['model_type']!r}"
+        )
     device = torch.device(device) if device is not None else default_device()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=resolve_dtype(dtype, device))
     model.to(device).eval()
@@ -276,22 +292,35 @@ def load_causal_lm(
 # --- tiny checkpoints in the real on-disk formats -----------------------------------------------------
 
 
-def _tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    return train_bpe_tokenizer(bundled_text(), vocab_size)
+def _tiny_tokenizer(vocab_size: int, tokenizer: PreTrainedTokenizerFast | None) -> PreTrainedTokenizerFast:
+    """The given tokenizer (to share one between checkpoints), else a BPE trained on the bundled text."""
+    return tokenizer if tokenizer is not None else train_bpe_tokenizer(bundled_text(), vocab_size)
 
 
-def make_tiny_dream_checkpoint(out_dir: str | os.PathLike, vocab_size: int = 2048, seed: int = 0,
-                               hidden_size: int = 64, num_hidden_layers: int = 2) -> Path:
+def make_tiny_dream_checkpoint(
+    out_dir: str | os.PathLike,
+    vocab_size: int = 2048,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+) -> Path:
     """A random tiny checkpoint in Dream's format: Qwen2 weights, ``model_type: "Dream"``, ``auto_map`` to
     remote code, a ``DreamTokenizer`` tokenizer class, and the mask id in ``config.json``."""
     out = Path(out_dir)
-    tokenizer = _tiny_tokenizer(vocab_size)
+    tokenizer = _tiny_tokenizer(vocab_size, tokenizer)
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=2048, tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     Qwen2ForCausalLM(config).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -304,32 +333,54 @@ def make_tiny_dream_checkpoint(out_dir: str | os.PathLike, vocab_size: int = 204
     )
     (out / "config.json").write_text(json.dumps(fields, indent=2))
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
-    tok_config.update(tokenizer_class="DreamTokenizer",
-                      auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]})
+    tok_config.update(
+        tokenizer_class="DreamTokenizer",
+        auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+    )
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
     return out
 
 
-def make_tiny_llada_checkpoint(out_dir: str | os.PathLike, vocab_size: int = 2048, seed: int = 0,
-                               hidden_size: int = 32, num_hidden_layers: int = 2,
-                               mask_token_id: int = LLADA_MASK_TOKEN_ID) -> Path:
+def make_tiny_llada_checkpoint(
+    out_dir: str | os.PathLike,
+    vocab_size: int = 2048,
+    seed: int = 0,
+    hidden_size: int = 32,
+    num_hidden_layers: int = 2,
+    mask_token_id: int = LLADA_MASK_TOKEN_ID,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+) -> Path:
     """A random tiny checkpoint in LLaDA's format: OLMo-style weight names in two safetensors shards with an
     index, ``model_type: "llada"``, and LLaDA's embedding size so its real mask id (126336) is in range."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tiny_tokenizer(vocab_size)
+    tokenizer = _tiny_tokenizer(vocab_size, tokenizer)
     embedding_size = max(len(tokenizer), ((mask_token_id + 1 + 127) // 128) * 128)
     torch.manual_seed(seed)
-    llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=embedding_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=2048, tie_word_embeddings=False, rope_theta=500000.0,
-    ))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=embedding_size,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+            rope_theta=500000.0,
+        )
+    )
     inverse = {
-        "model.embed_tokens.": "model.transformer.wte.", "model.norm.": "model.transformer.ln_f.",
-        "lm_head.": "model.transformer.ff_out.", "input_layernorm.": "attn_norm.",
-        "post_attention_layernorm.": "ff_norm.", "self_attn.o_proj.": "attn_out.", "self_attn.": "",
-        "mlp.gate_proj.": "ff_proj.", "mlp.up_proj.": "up_proj.", "mlp.down_proj.": "ff_out.",
+        "model.embed_tokens.": "model.transformer.wte.",
+        "model.norm.": "model.transformer.ln_f.",
+        "lm_head.": "model.transformer.ff_out.",
+        "input_layernorm.": "attn_norm.",
+        "post_attention_layernorm.": "ff_norm.",
+        "self_attn.o_proj.": "attn_out.",
+        "self_attn.": "",
+        "mlp.gate_proj.": "ff_proj.",
+        "mlp.up_proj.": "up_proj.",
+        "mlp.down_proj.": "ff_out.",
         "model.layers.": "model.transformer.blocks.",
     }
     renamed = {}
@@ -338,38 +389,71 @@ def make_tiny_llada_checkpoint(out_dir: str | os.PathLike, vocab_size: int = 204
             name = name.replace(old, new)
         renamed[name] = tensor.contiguous()
     names = sorted(renamed)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     for file, keys in shards.items():
         save_file({key: renamed[key] for key in keys}, str(out / file), metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {key: file for file, keys in shards.items() for key in keys}}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     fields = {
-        "model_type": "llada", "architectures": ["LLaDAModelLM"],
-        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
-                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
-        "d_model": hidden_size, "n_heads": 4, "n_kv_heads": 4, "n_layers": num_hidden_layers,
-        "mlp_hidden_size": 2 * hidden_size, "mlp_ratio": 4, "activation_type": "silu", "block_type": "llama",
-        "layer_norm_type": "rms", "rms_norm_eps": 1e-5, "rope": True, "rope_theta": 500000.0, "alibi": False,
-        "attention_layer_norm": False, "input_emb_norm": False, "scale_logits": False, "include_bias": False,
-        "include_qkv_bias": False, "weight_tying": False, "max_sequence_length": 2048,
-        "vocab_size": embedding_size, "embedding_size": embedding_size, "mask_token_id": mask_token_id,
-        "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "use_cache": False,
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_llada.LLaDAConfig",
+            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+        },
+        "d_model": hidden_size,
+        "n_heads": 4,
+        "n_kv_heads": 4,
+        "n_layers": num_hidden_layers,
+        "mlp_hidden_size": 2 * hidden_size,
+        "mlp_ratio": 4,
+        "activation_type": "silu",
+        "block_type": "llama",
+        "layer_norm_type": "rms",
+        "rms_norm_eps": 1e-5,
+        "rope": True,
+        "rope_theta": 500000.0,
+        "alibi": False,
+        "attention_layer_norm": False,
+        "input_emb_norm": False,
+        "scale_logits": False,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "weight_tying": False,
+        "max_sequence_length": 2048,
+        "vocab_size": embedding_size,
+        "embedding_size": embedding_size,
+        "mask_token_id": mask_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "use_cache": False,
     }
     (out / "config.json").write_text(json.dumps(fields, indent=2))
     tokenizer.save_pretrained(out)
     return out
 
 
-def make_tiny_diffusion_qwen3_checkpoint(out_dir: str | os.PathLike, vocab_size: int = 2048, seed: int = 0,
-                                         **config_overrides) -> Path:
+def make_tiny_diffusion_qwen3_checkpoint(
+    out_dir: str | os.PathLike,
+    vocab_size: int = 2048,
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    **config_overrides,
+) -> Path:
     """A random tiny checkpoint as embedlib's diffusion pretraining saves it: ``BidirectionalQwen3ForMaskedLM``
     (``model_type: bidirectional_pplx_qwen3``) with its LM head and a ``<|mask|>`` token."""
     out = Path(out_dir)
-    tokenizer = _tiny_tokenizer(vocab_size)
+    tokenizer = _tiny_tokenizer(vocab_size, tokenizer)
     torch.manual_seed(seed)
-    config = tiny_qwen3_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                               eos_token_id=tokenizer.eos_token_id, **config_overrides)
+    config = tiny_qwen3_config(
+        len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **config_overrides,
+    )
     model = BidirectionalQwen3ForMaskedLM(to_bidirectional_config(config))
     model.config.architectures = ["BidirectionalQwen3ForMaskedLM"]
     model.save_pretrained(out, safe_serialization=True)
