@@ -59,3 +59,35 @@ def reciprocal_rank(hits: dict[str, float], relevant: dict[str, int], k: int) ->
         if relevant.get(did, 0) > 0:
             return 1.0 / rank
     return 0.0
+
+
+def run_from_hits(
+    query_ids: Sequence[str], hit_ids: Sequence[Sequence[str]], scores: np.ndarray, k: int,
+    ignore_identical_ids: bool = False,
+) -> Run:
+    """A pytrec_eval run from per-query hit ids and scores (best first), cut to ``k`` hits per query.
+
+    With ``ignore_identical_ids`` a query's own id is never a hit (BEIR's rule for query-to-query sets).
+    """
+    run: Run = {}
+    for qid, ids, row in zip(query_ids, hit_ids, scores, strict=True):
+        hits: dict[str, float] = {}
+        for did, score in zip(ids, row, strict=False):  # ids may be shorter (missing hits)
+            if len(hits) == k:
+                break
+            if ignore_identical_ids and did == qid:
+                continue
+            hits.setdefault(did, float(score))
+        run[qid] = hits
+    return run
+
+
+def top_k_overlap(run: Run, reference: Run, k: int) -> float:
+    """Mean fraction of ``reference``'s top-``k`` hits that ``run`` also has in its top-``k`` (ANN recall)."""
+    fractions = []
+    for qid, expected in reference.items():
+        want = {d for d, _ in sorted(expected.items(), key=lambda item: -item[1])[:k]}
+        got = {d for d, _ in sorted(run.get(qid, {}).items(), key=lambda item: -item[1])[:k]}
+        if want:
+            fractions.append(len(want & got) / len(want))
+    return float(np.mean(fractions)) if fractions else float("nan")

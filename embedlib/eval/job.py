@@ -1,0 +1,141 @@
+"""One evaluation run from a validated ``EvalConfig``: datasets and systems in, report files out."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from embedlib.encoding.quantize import QUANTIZATIONS
+from embedlib.eval.beir import load_beir
+from embedlib.eval.bitext import load_tatoeba, tatoeba_languages
+from embedlib.eval.distractors import load_distractors
+from embedlib.eval.report import metrics_document, write_report
+from embedlib.eval.run import K_VALUES, evaluate_bitext, evaluate_scale, evaluate_systems, scale_sizes
+from embedlib.eval.systems import (
+    BM25System,
+    DenseSystem,
+    ModelEmbeddings,
+    ShardedIndexSystem,
+    System,
+    model_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EvalConfigError(ValueError):
+    """An invalid ``EvalConfig``; the message names the field."""
+
+
+@dataclass
+class EvalConfig:
+    """Everything one evaluation run needs; ``validate()`` names the first bad field."""
+
+    out: str
+    dataset: str | None = None  # BEIR layout (jsonl or parquet) at any URL
+    split: str = "test"
+    q2q: bool = False  # the corpus is a pool of queries; a query never retrieves itself
+    models: list[str] = field(default_factory=list)  # PATH_OR_URL or NAME=PATH_OR_URL
+    quantizations: list[str] = field(default_factory=lambda: list(QUANTIZATIONS))
+    dim: int | None = None  # Matryoshka truncation
+    bm25: bool = False
+    ann: bool = False  # also search each model/quantization with an in-process HNSW, scored against exact
+    indexes: list[str] = field(default_factory=list)  # published ShardedIndex URLs, evaluated in place
+    distractors: str | None = None  # text folder or parquet corpus
+    scales: list[float] = field(default_factory=lambda: [1.0])
+    distractor_max_words: int = 48
+    bitext: str | None = None  # Tatoeba folder
+    langs: list[str] = field(default_factory=list)  # bitext languages; empty: all
+    cache: str | None = None  # embedding cache URL (reused across runs of the same weights and texts)
+    max_length: int | None = None
+    show_progress: bool = True
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EvalConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise EvalConfigError(f"unknown config field(s): {', '.join(unknown)}")
+        return cls(**values).validate()
+
+    def validate(self) -> EvalConfig:
+        if not self.out:
+            raise EvalConfigError("out: an output path or URL is required")
+        if not self.dataset and not self.bitext:
+            raise EvalConfigError("dataset: a dataset URL is required (or bitext for bitext mining)")
+        if not (self.models or self.bm25 or self.indexes):
+            raise EvalConfigError("models: name at least one model, bm25 or an index")
+        bad = [q for q in self.quantizations if q not in QUANTIZATIONS]
+        if bad or not self.quantizations:
+            raise EvalConfigError(f"quantizations: each must be one of {QUANTIZATIONS}, got {self.quantizations}")
+        if self.dim is not None and self.dim < 1:
+            raise EvalConfigError(f"dim: must be a positive integer, got {self.dim}")
+        if self.dim is not None and "binary" in self.quantizations and self.dim % 8:
+            raise EvalConfigError(f"dim: binary codes need a multiple of 8, got {self.dim}")
+        if any(s < 1 for s in self.scales) or not self.scales:
+            raise EvalConfigError(f"scales: factors must be >= 1, got {self.scales}")
+        if max(self.scales) > 1 and not self.distractors:
+            raise EvalConfigError("distractors: scales above 1 need a distractor source")
+        if self.distractors and not self.dataset:
+            raise EvalConfigError("dataset: the distractor mode grows a dataset's corpus; name the dataset")
+        if self.distractor_max_words < 1:
+            raise EvalConfigError(f"distractor_max_words: must be >= 1, got {self.distractor_max_words}")
+        return self
+
+
+def make_systems(config: EvalConfig, models: list[ModelEmbeddings]) -> list[System]:
+    systems: list[System] = []
+    for model in models:
+        for quantization in config.quantizations:
+            systems.append(DenseSystem(model, quantization, config.dim))
+            if config.ann:
+                systems.append(DenseSystem(model, quantization, config.dim, ann="hnsw"))
+    if config.bm25:
+        systems.append(BM25System(show_progress=config.show_progress))
+    return systems
+
+
+def index_systems(config: EvalConfig, models: list[ModelEmbeddings]) -> list[System]:
+    """Published indexes; a loaded model with the index's weights serves as its query encoder."""
+    from embedlib.index.manifest import read_manifest
+
+    systems: list[System] = []
+    for url in config.indexes:
+        weights = read_manifest(url)["model"]["weights_hash"]
+        encoder = next((m.encoder for m in models if m.encoder.weights_hash == weights), None)
+        systems.append(ShardedIndexSystem(url, model=encoder))
+    return systems
+
+
+def run_evaluation(config: EvalConfig) -> dict:
+    """Run every mode the config asks for, write the report under ``config.out``; returns ``metrics.json``."""
+    config.validate()
+    models = [ModelEmbeddings.load(name, path, config.cache, config.max_length, config.show_progress)
+              for name, path in map(model_name, config.models)]
+    systems = make_systems(config, models)
+    dataset_info: dict[str, Any] = {"source": config.dataset, "split": config.split,
+                                    "mode": "q2q" if config.q2q else "q2d"}
+    results, scale, bitext = [], None, None
+    if config.dataset:
+        dataset = load_beir(config.dataset, config.split)
+        dataset_info.update(queries=len(dataset.judged_queries()), documents=len(dataset.corpus))
+        results = evaluate_systems(dataset, systems + index_systems(config, models), q2q=config.q2q)
+        if config.distractors and systems:
+            needed = max(n for _, n in scale_sizes(len(dataset.corpus), config.scales))
+            texts = load_distractors(config.distractors, needed, config.distractor_max_words)
+            exact = [s for s in systems if not (isinstance(s, DenseSystem) and s.ann != "exact")]
+            points = evaluate_scale(dataset, exact, texts, config.scales, q2q=config.q2q, k_values=K_VALUES)
+            scale = {"distractors": config.distractors, "corpus_documents": len(dataset.corpus),
+                     "max_words": config.distractor_max_words, "points": points}
+    else:
+        dataset_info.update(source=config.bitext, mode="bitext", queries=None, documents=None)
+    if config.bitext:
+        langs = config.langs or tatoeba_languages(config.bitext)
+        pairs = {lang: load_tatoeba(config.bitext, lang) for lang in langs}
+        exact = [s for s in systems if not (isinstance(s, DenseSystem) and s.ann != "exact")]
+        bitext = evaluate_bitext(exact, pairs)
+    document = metrics_document(dataset_info, results, scale, bitext)
+    write_report(config.out, document, {r.name: r.per_query for r in results})
+    return document

@@ -1,0 +1,82 @@
+"""Evaluate models and baselines: ``ray job submit --working-dir . -- python jobs/evaluate.py --dataset URL ...``.
+
+Q2D (default), Q2Q (``--q2q``: a query never retrieves itself) or bitext mining (``--bitext TATOEBA_URL``);
+every model in float/int8/binary side by side with BM25 and published indexes; ``--distractors URL --scale
+1,10,100`` grows the corpus and reports how recall falls. Writes metrics.json, per_query.json, report.md and
+PNG plots under ``--out`` (any fsspec URL). Bad input exits with status 2 and a message naming the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
+
+import yaml  # noqa: E402
+
+from embedlib.eval.beir import DatasetError  # noqa: E402
+from embedlib.eval.job import EvalConfig, EvalConfigError, run_evaluation  # noqa: E402
+from embedlib.eval.report import report_markdown  # noqa: E402
+
+
+def comma_list(kind):
+    return lambda text: [kind(part) for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML file with EvalConfig fields (flags override it)")
+    parser.add_argument("--dataset", help="BEIR-layout folder (jsonl or parquet), any fsspec URL")
+    parser.add_argument("--split", help="qrels split (default: test)")
+    parser.add_argument("--q2q", action="store_true", default=None, help="query-to-query: ignore identical ids")
+    parser.add_argument("--model", dest="models", action="append",
+                        help="checkpoint PATH_OR_URL or NAME=PATH_OR_URL (repeatable)")
+    parser.add_argument("--quantization", dest="quantizations", type=comma_list(str),
+                        help="comma list of float,int8,binary (default: all three)")
+    parser.add_argument("--dim", type=int, help="Matryoshka dimension")
+    parser.add_argument("--bm25", action="store_true", default=None, help="add the bm25s baseline")
+    parser.add_argument("--ann", action="store_true", default=None,
+                        help="also search each model with an in-process HNSW and report its recall vs exact")
+    parser.add_argument("--index", dest="indexes", action="append", help="published ShardedIndex URL (repeatable)")
+    parser.add_argument("--distractors", help="text folder or parquet corpus to grow the corpus with")
+    parser.add_argument("--scale", dest="scales", type=comma_list(float), help="corpus size factors, e.g. 1,10,100")
+    parser.add_argument("--distractor-max-words", type=int, help="words per distractor paragraph (default 48)")
+    parser.add_argument("--bitext", help="Tatoeba folder for bitext mining (accuracy@1 both directions)")
+    parser.add_argument("--langs", type=comma_list(str), help="bitext languages, e.g. deu,fra (default: all)")
+    parser.add_argument("--cache", help="embedding cache URL, reused across runs")
+    parser.add_argument("--max-length", type=int, help="model max tokens")
+    parser.add_argument("--out", help="report folder, any fsspec URL")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    values = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    for field in dataclasses.fields(EvalConfig):
+        flag = getattr(args, field.name, None)
+        if flag is not None:
+            values[field.name] = flag
+    if args.no_progress:
+        values["show_progress"] = False
+    values.setdefault("out", None)
+    return EvalConfig.from_dict(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = config_from_args(args)
+        document = run_evaluation(config)
+    except (EvalConfigError, DatasetError, FileNotFoundError) as err:
+        print(f"evaluate: error: {err}", file=sys.stderr)
+        return 2
+    print(report_markdown(document))
+    print(f"\nreport written to {config.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
