@@ -137,8 +137,10 @@ def default_torch_threads(cfg: IndexJobConfig) -> int:
 
 def encode_rows(rows: ray.data.Dataset, cfg: IndexJobConfig, model: str) -> ray.data.Dataset:
     """``content_hash, title, text`` rows -> encoded rows (lazy; the caller writes them)."""
-    tokens = rows.map_batches(tokenize_batch, batch_format="numpy", batch_size=cfg.batch_rows, num_cpus=0.5,
-                              fn_kwargs=dict(model=model, chunked=cfg.chunk_tokens is not None))
+    rows = rows.repartition(target_num_rows_per_block=cfg.batch_rows)  # parts land every batch_rows rows
+    # Tokenization asks for fewer CPUs than the actors, so Ray Data runs it as separate tasks (no fusion).
+    tokens = rows.map_batches(tokenize_batch, batch_format="numpy", batch_size=cfg.batch_rows, num_cpus=0.25,
+                              fn_kwargs=dict(model=model, chunked=cfg.chunk_tokens is not None))  # CPU tasks
     return tokens.map_batches(
         EncoderActor,
         batch_format="pyarrow",

@@ -1,0 +1,279 @@
+"""Indexing end to end on real Ray, real FAISS and a real S3 endpoint (moto server over HTTP)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedlib import storage
+from embedlib.data import SAMPLE_DATASET
+from embedlib.encoding.encoder import Encoder
+from embedlib.encoding.quantize import cosine_similarity
+from embedlib.index import (
+    ConfigError,
+    IndexJobConfig,
+    IndexMismatchError,
+    InputError,
+    RejectedRowsError,
+    ShardedIndex,
+    build_index,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cranfield_rows(n: int) -> list[dict]:
+    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
+        return [json.loads(line) for line in f][:n]
+
+
+def jsonl_bytes(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_bytes(jsonl_bytes(rows))
+    return str(path)
+
+
+def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:
+    values = dict(input=input_url, output=output_url, model=str(model), shard_size=100, batch_rows=64,
+                  show_progress=False)
+    return IndexJobConfig(**(values | overrides))
+
+
+def shard_tables(url: str) -> list[pa.Table]:
+    manifest = ShardedIndex.open(url).manifest
+    return [pq.read_table(io.BytesIO(storage.read_bytes(storage.join(manifest["base"], f"{s['name']}.parquet"))))
+            for s in manifest["shards"]]
+
+
+def all_ids(url: str) -> list[str]:
+    return [i for t in shard_tables(url) for i in t.column("id").to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models) -> Path:
+    return tiny_models["pplx-embed"]
+
+
+def test_s3_corpus_to_s3_index_every_id_once_and_no_credentials(ray_cluster, s3_bucket, model):
+    rows = cranfield_rows(250)
+    storage.write_bytes_atomic(f"{s3_bucket}/corpus/part-0.jsonl", jsonl_bytes(rows[:120]))
+    storage.write_bytes_atomic(f"{s3_bucket}/corpus/part-1.jsonl", jsonl_bytes(rows[120:]))
+    output = f"{s3_bucket}/index"
+    summary = build_index(config(f"{s3_bucket}/corpus", output, model))
+
+    assert (summary.docs_in, summary.embedded, summary.rejected, summary.shards) == (250, 250, 0, 3)
+    ids = all_ids(output)
+    assert sorted(ids) == sorted(r["_id"] for r in rows)
+    index = ShardedIndex.open(output)
+    scores, hits = index.search([rows[7]["title"] + " " + rows[7]["text"]], k=5)
+    assert hits[0][0] == rows[7]["_id"] and scores.shape == (1, 5) and scores.dtype == np.float32
+    assert np.all(np.diff(scores[0]) <= 0)
+
+    secrets = (os.environ["AWS_SECRET_ACCESS_KEY"], os.environ["AWS_ACCESS_KEY_ID"])
+    fs, path = storage.filesystem(output)
+    for file in fs.find(path):
+        if file.endswith((".json", ".jsonl")):
+            text = fs.cat_file(file).decode()
+            assert not any(s in text for s in secrets), file
+    assert not any(s in str(summary) for s in secrets)
+
+
+def test_sharded_flat_search_equals_unsharded(ray_cluster, tmp_path, model):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", cranfield_rows(240))
+    build_index(config(corpus, str(tmp_path / "sharded"), model, shard_size=50))
+    build_index(config(corpus, str(tmp_path / "single"), model, shard_size=10_000))
+    sharded, single = ShardedIndex.open(tmp_path / "sharded"), ShardedIndex.open(tmp_path / "single")
+    assert len(sharded.manifest["shards"]) == 5 and len(single.manifest["shards"]) == 1
+    queries = [q["text"] for q in map(json.loads, open(SAMPLE_DATASET / "queries.jsonl"))][:20]
+    s_scores, s_ids = sharded.search(queries, k=10)
+    u_scores, u_ids = single.search(queries, k=10)
+    assert s_ids == u_ids
+    np.testing.assert_allclose(s_scores, u_scores, rtol=1e-6)
+
+    # Exact cosine of the int8 vectors, computed directly: the index returns exactly that ranking.
+    table = pa.concat_tables(shard_tables(str(tmp_path / "single")))
+    vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype(np.int8)
+    exact = cosine_similarity(single.encode_queries(queries), vectors)
+    expected = np.argsort(-exact, axis=1, kind="stable")[:, :10]
+    doc_ids = table.column("id").to_pylist()
+    assert u_ids == [[doc_ids[i] for i in row] for row in expected]
+
+    remote = ShardedIndex.open(tmp_path / "sharded", use_ray=True)
+    r_scores, r_ids = remote.search(queries, k=10)
+    assert r_ids == s_ids
+
+
+def test_incremental_run_reencodes_only_changed_docs(ray_cluster, tmp_path, model):
+    rows = cranfield_rows(200)
+    output = str(tmp_path / "index")
+    first = build_index(config(write_jsonl(tmp_path / "v1.jsonl", rows), output, model))
+    assert (first.version, first.embedded, first.carried_over) == (1, 200, 0)
+
+    changed = [dict(r, text=r["text"] + " revised") for r in rows[:5]]
+    added = [{"_id": f"new-{i}", "title": "", "text": f"a new document number {i}"} for i in range(7)]
+    second_rows = changed + rows[5:190] + added  # rows[190:] deleted
+    second = build_index(config(write_jsonl(tmp_path / "v2.jsonl", second_rows), output, model))
+    assert (second.version, second.embedded, second.carried_over) == (2, 12, 185)
+    assert sorted(all_ids(output)) == sorted(r["_id"] for r in second_rows)
+
+    old = ShardedIndex.open(tmp_path / "index" / "v000001")
+    assert old.manifest["version"] == 1 and len(old) == 200  # older version still readable
+    assert ShardedIndex.open(output).manifest["version"] == 2
+
+    again = build_index(config(write_jsonl(tmp_path / "v2.jsonl", second_rows), output, model))
+    assert (again.embedded, again.carried_over) == (0, 197)
+
+
+def test_killed_run_resumes_without_reencoding_finished_parts(ray_cluster, tmp_path, minilm_path):
+    import ray
+
+    rows = cranfield_rows(600)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", rows)
+    output = tmp_path / "index"
+    env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    job = subprocess.Popen(
+        [sys.executable, str(ROOT / "jobs" / "index.py"), "--input", corpus, "--output", str(output),
+         "--model", str(minilm_path), "--no-progress", "--config", str(write_yaml(tmp_path, batch_rows=32))],
+        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    staging = output / "_staging"
+    deadline = time.time() + 240
+    while time.time() < deadline and job.poll() is None and len(list(staging.rglob("*.parquet"))) < 2:
+        time.sleep(0.1)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    assert not (output / "manifest.json").exists(), "the job finished before it could be killed"
+    finished = sum(pq.read_metadata(p).num_rows for p in staging.rglob("*.parquet"))
+    assert 0 < finished < len(rows)
+
+    summary = build_index(config(corpus, str(output), minilm_path, batch_rows=32))
+    assert summary.carried_over == finished
+    assert summary.embedded == len(rows) - finished
+    assert sorted(all_ids(str(output))) == sorted(r["_id"] for r in rows)
+    assert not staging.exists() or not list(staging.rglob("*.parquet"))
+
+
+def write_yaml(folder: Path, **values) -> Path:
+    import yaml
+
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_bad_rows_are_counted_and_written_to_rejects(ray_cluster, tmp_path, model):
+    good = cranfield_rows(20)
+    lines = [json.dumps(r).encode() for r in good]
+    lines += [
+        json.dumps({"title": "no id", "text": "orphan"}).encode(),
+        json.dumps({"_id": good[0]["_id"], "text": "same id again"}).encode(),
+        json.dumps({"_id": "null-text", "text": None}).encode(),
+        json.dumps({"_id": "int-text", "text": 12345}).encode(),
+        b'{"_id": "bad-bytes", "text": "caf\xe9 \xff"}',
+        json.dumps({"_id": "too-long", "text": "x" * 5000}).encode(),
+        b"{not json",
+    ]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(b"\n".join(lines) + b"\n")
+    summary = build_index(config(str(corpus), str(tmp_path / "index"), model, max_text_chars=4000))
+    assert summary.docs_in == 27 and summary.rejected == 8 and summary.embedded == 19
+    assert summary.rejects_by_reason == {"missing id": 1, "duplicate id": 2, "null text": 1, "non-string text": 1,
+                                         "undecodable bytes": 1, "text over 4000 chars": 1, "invalid json": 1}
+    rejects = [json.loads(line) for line in Path(summary.rejects_url).read_text().splitlines()]
+    assert sorted(r["reason"] for r in rejects) == sorted(
+        r for r, n in summary.rejects_by_reason.items() for _ in range(n))
+    assert {r["id"] for r in rejects if r["reason"] == "duplicate id"} == {good[0]["_id"]}
+    assert all(r["line"] for r in rejects)
+    assert "8 rejected" in str(summary)
+    assert sorted(all_ids(str(tmp_path / "index"))) == sorted(r["_id"] for r in good[1:])
+
+    with pytest.raises(RejectedRowsError, match="8 rows rejected"):
+        build_index(config(str(corpus), str(tmp_path / "strict"), model, max_text_chars=4000, strict=True))
+    assert not (tmp_path / "strict" / "manifest.json").exists()
+
+
+def test_empty_or_missing_input_fails_naming_the_url(ray_cluster, tmp_path, model):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(InputError, match=str(empty)):
+        build_index(config(str(empty), str(tmp_path / "a"), model))
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(InputError, match=missing):
+        build_index(config(missing, str(tmp_path / "b"), model))
+    with pytest.raises(ConfigError, match="quantization"):
+        build_index(config(str(empty), str(tmp_path / "c"), model, quantization="int4"))
+
+
+@pytest.mark.parametrize(("quantization", "index_type"), [("int8", "ivf"), ("int8", "hnsw"), ("binary", "flat"),
+                                                          ("binary", "ivf"), ("float", "ivf"), ("float", "hnsw")])
+def test_parquet_input_all_quantizations_and_index_types(ray_cluster, tmp_path, tiny_models, quantization,
+                                                         index_type):
+    rows = cranfield_rows(160)
+    table = pa.table({"doc": [r["_id"] for r in rows], "body": [r["text"] for r in rows]})
+    pq.write_table(table, tmp_path / "corpus.parquet")
+    output = str(tmp_path / "index")
+    summary = build_index(config(str(tmp_path / "corpus.parquet"), output, tiny_models["pplx-embed"],
+                                 id_column="doc", text_column="body", title_column=None, dim=32,
+                                 quantization=quantization, index_type=index_type, nlist=4))
+    assert summary.embedded == 160 and summary.shards == 2
+    index = ShardedIndex.open(output)
+    assert index.manifest["index"]["type"] == index_type and index.manifest["dim"] == 32
+    vectors = index.encode_queries([r["text"] for r in rows[:20]])
+    scores, ids = index.search(vectors, k=3, nprobe=4)
+    assert sum(row[0] == r["_id"] for row, r in zip(ids, rows[:20], strict=True)) >= 18  # docs find themselves
+
+    with pytest.raises(IndexMismatchError, match=quantization):
+        index.search(np.zeros((1, 32), dtype=np.float64 if quantization != "float" else np.int8), k=3)
+    with pytest.raises(IndexMismatchError, match="weights"):
+        ShardedIndex.open(output, model=tiny_models["qwen3-bidirectional"])
+
+
+def test_fewer_hits_than_k_are_padded(ray_cluster, tmp_path, model):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", cranfield_rows(3))
+    build_index(config(corpus, str(tmp_path / "index"), model))
+    scores, ids = ShardedIndex.open(tmp_path / "index").search(["wing"], k=5)
+    assert ids[0][3:] == [None, None] and np.isneginf(scores[0, 3:]).all() and np.isfinite(scores[0, :3]).all()
+
+
+def test_late_chunking_indexes_chunk_ids_with_offsets(ray_cluster, tmp_path, model):
+    rows = cranfield_rows(30)
+    output = str(tmp_path / "index")
+    summary = build_index(config(write_jsonl(tmp_path / "c.jsonl", rows), output, model, chunk_tokens=16))
+    table = pa.concat_tables(shard_tables(output))
+    assert summary.rows == table.num_rows > len(rows)
+    texts = {r["_id"]: f"{r['title']} {r['text']}".strip() for r in rows}
+    for row in table.select(["id", "doc_id", "chunk", "start", "end"]).to_pylist():
+        assert row["id"] == f"{row['doc_id']}#{row['chunk']}"
+        assert 0 <= row["start"] < row["end"] <= len(texts[row["doc_id"]])
+    first = table.filter(pa.compute.equal(table.column("doc_id"), rows[0]["_id"])).to_pylist()
+    assert [r["chunk"] for r in first] == list(range(len(first))) and len(first) > 1
+    assert first[-1]["end"] == len(texts[rows[0]["_id"]])
+    _, ids = ShardedIndex.open(output).search([texts[rows[0]["_id"]][first[1]["start"]:first[1]["end"]]], k=3)
+    assert any(i.startswith(rows[0]["_id"] + "#") for i in ids[0])
+
+
+def test_job_cli_runs_on_a_small_corpus(ray_cluster, tmp_path, model, capsys):
+    sys.path.insert(0, str(ROOT / "jobs"))
+    import index as job
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", cranfield_rows(40))
+    assert job.main(["--input", corpus, "--output", str(tmp_path / "out"), "--model", str(model),
+                     "--shard-size", "15", "--quantization", "binary", "--no-progress"]) == 0
+    assert "40 docs in, 40 embedded" in capsys.readouterr().out
+    assert ShardedIndex.open(tmp_path / "out").manifest["quantization"] == "binary"
+    with pytest.raises(ConfigError, match="shard_size"):
+        job.config_from_args(job.parse_args(["--shard-size", "0"]))
