@@ -15,8 +15,6 @@ from pathlib import Path
 import fsspec
 from fsspec.core import url_to_fs
 
-DEFAULT_CACHE = Path(os.environ.get("EMBEDLIB_CACHE", Path.home() / ".cache" / "embedlib"))
-
 
 def is_local(url: str | os.PathLike) -> bool:
     """True for plain paths and file:// URLs."""
@@ -68,34 +66,45 @@ def write_bytes_atomic(url: str | os.PathLike, data: bytes) -> None:
         fs.rm(tmp)
 
 
-def cache_dir_for(url: str, cache_root: Path | None = None) -> Path:
-    """A stable local folder for a remote URL's downloaded copy."""
-    key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
-    name = url.rstrip("/").rsplit("/", 1)[-1] or "root"
-    return (cache_root or DEFAULT_CACHE) / "downloads" / f"{name}-{key}"
+def cache_root() -> Path:
+    """Where remote folders are cached: ``$EMBEDLIB_CACHE`` or ``~/.cache/embedlib``."""
+    return Path(os.environ.get("EMBEDLIB_CACHE", Path.home() / ".cache" / "embedlib"))
 
 
-def local_dir(url: str | os.PathLike, cache_root: Path | None = None) -> Path:
+def remote_fingerprint(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """A digest of a remote folder's listing (names, sizes, ETags/mtimes): changes when any file does."""
+    listing = fs.find(path, detail=True)
+    digest = hashlib.sha256()
+    for name in sorted(listing):
+        info = listing[name]
+        version = info.get("ETag") or info.get("LastModified") or info.get("mtime") or ""
+        digest.update(f"{name}|{info.get('size')}|{version}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def local_dir(url: str | os.PathLike) -> Path:
     """A local folder holding the contents of ``url``: the folder itself when local, else a cached download.
 
-    A download is complete when its ``.complete`` marker exists; an interrupted one is redone.
+    The cache is keyed by the URL and the remote listing, so a changed remote folder is downloaded anew;
+    a download is complete when its ``.complete`` marker exists, and an interrupted one is redone.
     """
     if is_local(url):
         return Path(strip_file_scheme(url))
     url = str(url)
-    target = cache_dir_for(url, cache_root)
-    marker = target / ".complete"
-    if marker.exists():
-        return target
     fs, path = filesystem(url)
     if not fs.exists(path):
         raise FileNotFoundError(f"{url}: no such object or prefix")
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "root"
+    key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
+    target = cache_root() / "downloads" / f"{name}-{key}-{remote_fingerprint(fs, path)}"
+    if (target / ".complete").exists():
+        return target
     partial = target.with_name(target.name + f".partial-{uuid.uuid4().hex[:8]}")
     fs.get(path.rstrip("/") + "/", str(partial), recursive=True)
     if target.exists():
         shutil.rmtree(target)
     partial.rename(target)
-    marker.touch()
+    (target / ".complete").touch()
     return target
 
 

@@ -97,10 +97,9 @@ def make_tiny_checkpoint(
         )
         model = BertModel(config)
     else:
-        config = tiny_qwen3_config(
-            len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            **config_overrides,
-        )
+        # Like Qwen3-Base: no pad_token_id in the model config (so <|endoftext|> keeps a trained embedding
+        # row); the tokenizer pads with <|endoftext|>.
+        config = tiny_qwen3_config(len(tokenizer), eos_token_id=tokenizer.eos_token_id, **config_overrides)
         model = Qwen3ForCausalLM(config)
         if family != "qwen3-causal":
             encoder = BidirectionalQwen3Model(to_bidirectional_config(config))
