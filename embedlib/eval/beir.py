@@ -62,18 +62,47 @@ def read_qrels(url: str) -> dict[str, dict[str, int]]:
     return qrels
 
 
+def read_parquet_rows(url: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    fs, path = storage.filesystem(url)
+    return pq.read_table(path, filesystem=fs).to_pylist()
+
+
+def read_qrels_parquet(url: str) -> dict[str, dict[str, int]]:
+    qrels: dict[str, dict[str, int]] = {}
+    for row in read_parquet_rows(url):
+        try:
+            qrels.setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(float(row["score"]))
+        except KeyError as err:
+            raise DatasetError(f"{url}: qrels need columns query-id, corpus-id, score; missing {err}") from err
+    return qrels
+
+
+def dataset_file(url: str, name: str, parquet_name: str) -> str:
+    """``name`` under ``url``, or its parquet equivalent; the error names the file looked for."""
+    for candidate in (name, parquet_name):
+        if storage.exists(storage.join(url, candidate)):
+            return storage.join(url, candidate)
+    raise DatasetError(f"{storage.join(url, name)}: file not found (nor {parquet_name})")
+
+
+def read_rows(url: str) -> list[dict]:
+    return read_parquet_rows(url) if url.endswith(".parquet") else read_jsonl(url)
+
+
 def load_beir(url: str, split: str = "test") -> BeirDataset:
-    """Load a BEIR-layout dataset; missing files and qrels naming unknown ids are errors that name them."""
-    for name in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
-        if not storage.exists(storage.join(url, name)):
-            raise DatasetError(f"{storage.join(url, name)}: file not found")
+    """Load a BEIR-layout dataset (jsonl/tsv, or ``corpus.parquet``, ``queries.parquet``,
+    ``qrels/<split>.parquet``); missing files and qrels naming unknown ids are errors that name them."""
+    corpus_url = dataset_file(url, "corpus.jsonl", "corpus.parquet")
+    queries_url = dataset_file(url, "queries.jsonl", "queries.parquet")
+    qrels_url = dataset_file(url, f"qrels/{split}.tsv", f"qrels/{split}.parquet")
     corpus = {
         str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""}
-        for row in read_jsonl(storage.join(url, "corpus.jsonl"))
+        for row in read_rows(corpus_url)
     }
-    queries = {str(row["_id"]): row["text"] for row in read_jsonl(storage.join(url, "queries.jsonl"))}
-    qrels_url = storage.join(url, f"qrels/{split}.tsv")
-    qrels = read_qrels(qrels_url)
+    queries = {str(row["_id"]): row["text"] for row in read_rows(queries_url)}
+    qrels = read_qrels_parquet(qrels_url) if qrels_url.endswith(".parquet") else read_qrels(qrels_url)
     unknown_queries = sorted(set(qrels) - set(queries))
     unknown_docs = sorted({d for docs in qrels.values() for d in docs} - set(corpus))
     if unknown_queries or unknown_docs:
@@ -81,6 +110,8 @@ def load_beir(url: str, split: str = "test") -> BeirDataset:
             f"{qrels_url}: {len(unknown_queries)} unknown query ids {unknown_queries[:10]} and "
             f"{len(unknown_docs)} unknown corpus ids {unknown_docs[:10]}"
         )
+    if not queries:
+        raise DatasetError(f"{queries_url}: no queries")
     if not any(qid in qrels for qid in queries):
-        raise DatasetError(f"{qrels_url}: no query in {storage.join(url, 'queries.jsonl')} has a judgement")
+        raise DatasetError(f"{qrels_url}: no query in {queries_url} has a judgement")
     return BeirDataset(corpus=corpus, queries=queries, qrels=qrels, source=url)

