@@ -213,3 +213,42 @@ def test_promptreps_baseline_runs_k_forward_passes_and_pads_on_the_left(tiny_mod
     alone = encoder.encode(TEXTS[1:2], k=4, kind="query")
     np.testing.assert_allclose(out.dense[1], alone.dense[0], atol=1e-4)
     assert (out.sparse.getnnz(axis=1) <= encoder.top_terms).all()
+
+
+def test_diffretriever_system_builds_and_searches_with_fixed_and_routed_budgets(encoders):
+    from embedlib.data import SAMPLE_DATASET
+    from embedlib.eval.beir import load_beir
+    from embedlib.search.adaptive_k import KRouter
+    from embedlib.search.diffretriever import DiffRetrieverSettings, DiffRetrieverSystem
+    from embedlib.search.hybrid import exhaustive_scores
+    from embedlib.search.multivector import top_k
+
+    dataset = load_beir(str(SAMPLE_DATASET))
+    ids, texts = dataset.doc_ids()[:24], dataset.doc_texts()[:24]
+    queries = list(dataset.queries.values())[:6]
+    encoder = encoders["embedlib"]
+    settings = DiffRetrieverSettings(k_query=2, k_passage=4, mode="dense", candidates=24)
+    system = DiffRetrieverSystem("tiny", encoder, settings, show_progress=False)
+    system.build([(ids[:10], texts[:10]), (ids[10:], texts[10:])])
+    scores, found = system.search(queries, 5)
+    docs = encoder.encode(texts, k=4)
+    expected_positions, expected_scores = top_k(
+        exhaustive_scores(encoder.encode(queries, k=2, kind="query"), docs, "dense"), 5
+    )
+    assert found == [[ids[p] for p in row] for row in expected_positions]
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+    assert system.bytes_per_doc() > 4 * encoder.dim * 4
+
+    router = KRouter(ks=(1, 8), thresholds=(210.0,))  # bits of information: splits these queries
+    routed = DiffRetrieverSystem("tiny-routed", encoder, settings, router=router, show_progress=False)
+    routed.build([(ids, texts)])
+    budgets = routed.query_budgets(queries)
+    assert set(budgets.tolist()) == {1, 8}
+    _, routed_found = routed.search(queries, 5)
+    for row, k in enumerate(budgets):
+        alone = routed.index.search(encoder.encode([queries[row]], k=int(k), kind="query"), 5, mode="dense")[
+            0
+        ]
+        assert routed_found[row] == [ids[p] for p in alone[0]]
+    with pytest.raises(ValueError, match="k_passage"):
+        DiffRetrieverSettings(k_passage=0)

@@ -1,0 +1,135 @@
+"""DiffRetriever as one retrieval system: encode a corpus with K_p mask slots, index it, search queries.
+
+It answers the same calls as the evaluation systems (``build(parts)``, ``search(queries, k) -> (scores,
+ids)``, ``bytes_per_doc()``, ``describe()``), so an evaluation or indexing job can offer it as a method.
+With a ``router``, each query gets its own K (queries are encoded in groups of equal K).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from embedlib.encoding.representative_tokens import (
+    DEFAULT_K_PASSAGE,
+    DEFAULT_K_QUERY,
+    DiffRetrieverEncoder,
+    RepresentativeTokens,
+)
+from embedlib.search.adaptive_k import KRouter, UnigramModel
+from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES, DiffRetrieverIndex, Mode, check_weight
+
+Part = tuple[Sequence[str], Sequence[str]]  # (ids, texts)
+
+
+@dataclass(frozen=True)
+class DiffRetrieverSettings:
+    """Search settings, validated on construction (errors name the field)."""
+
+    k_query: int = DEFAULT_K_QUERY
+    k_passage: int = DEFAULT_K_PASSAGE
+    mode: Mode = "hybrid"
+    dense_weight: float = DEFAULT_DENSE_WEIGHT
+    candidates: int = 100
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("k_query", "k_passage", "candidates", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"DiffRetrieverSettings.{name} must be an integer >= 1, got {value!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"DiffRetrieverSettings.mode must be one of {MODES}, got {self.mode!r}")
+        check_weight(self.dense_weight)
+
+
+class DiffRetrieverSystem:
+    """Representative-token multi-vector + sparse retrieval over a corpus given as ``(ids, texts)`` parts."""
+
+    kind = "diffretriever"
+
+    def __init__(
+        self,
+        name: str,
+        encoder: DiffRetrieverEncoder,
+        settings: DiffRetrieverSettings | None = None,
+        router: KRouter | None = None,
+        show_progress: bool = True,
+    ):
+        self.name = name
+        self.encoder = encoder
+        self.settings = settings or DiffRetrieverSettings()
+        self.router = router
+        self.show_progress = show_progress
+        self.ids: list[str] = []
+        self.index: DiffRetrieverIndex | None = None
+        self.unigram: UnigramModel | None = None
+
+    def describe(self) -> dict:
+        return {
+            "kind": self.kind,
+            "source": str(self.encoder.lm.source),
+            "format": self.encoder.lm.format,
+            **vars(self.settings),
+            "router": None
+            if self.router is None
+            else {"ks": list(self.router.ks), "thresholds": list(self.router.thresholds)},
+        }
+
+    def build(self, parts: Sequence[Part]) -> None:
+        self.ids = [doc_id for ids, _ in parts for doc_id in ids]
+        texts = [text for _, part_texts in parts for text in part_texts]
+        docs = self.encoder.encode(
+            texts,
+            k=self.settings.k_passage,
+            kind="passage",
+            batch_size=self.settings.batch_size,
+            show_progress=self.show_progress,
+        )
+        self.index = DiffRetrieverIndex.build(docs)
+        if self.router is not None:
+            self.unigram = UnigramModel(self.encoder.tokenizer, texts)
+
+    def query_budgets(self, queries: Sequence[str]) -> np.ndarray:
+        """K per query: the router's choice, else ``k_query`` for all."""
+        if self.router is None:
+            return np.full(len(queries), self.settings.k_query)
+        return self.router.route(self.unigram.features(queries))
+
+    def encode_queries(self, queries: Sequence[str]) -> list[tuple[np.ndarray, RepresentativeTokens]]:
+        """``(positions, tokens)`` per group of queries sharing a K."""
+        budgets = self.query_budgets(queries)
+        groups = []
+        for k in np.unique(budgets):
+            rows = np.flatnonzero(budgets == k)
+            tokens = self.encoder.encode(
+                [queries[i] for i in rows], k=int(k), kind="query", batch_size=self.settings.batch_size
+            )
+            groups.append((rows, tokens))
+        return groups
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, list[list[str]]]:
+        """Top-``k`` scores ``(n, k)`` float32 and document ids per query, best first."""
+        if self.index is None:
+            raise RuntimeError("DiffRetrieverSystem.search called before build")
+        queries = list(queries)
+        k = min(k, len(self.ids))
+        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        positions = np.full((len(queries), k), -1, dtype=np.int64)
+        for rows, tokens in self.encode_queries(queries):
+            found, found_scores = self.index.search(
+                tokens,
+                k,
+                mode=self.settings.mode,
+                dense_weight=self.settings.dense_weight,
+                candidates=max(self.settings.candidates, k),
+            )
+            positions[rows], scores[rows] = found, found_scores
+        return scores, [[self.ids[p] for p in row if p >= 0] for row in positions]
+
+    def bytes_per_doc(self) -> float:
+        if self.index is None:
+            raise RuntimeError("DiffRetrieverSystem.bytes_per_doc called before build")
+        return self.index.bytes_per_doc()["total"]
