@@ -105,14 +105,15 @@ def shard_rows(docs: pd.DataFrame, vectors: pa.Table, chunked: bool) -> tuple[pd
 
 
 @ray.remote(num_cpus=0.5)
-def write_shard(base: str, name: str, table: pa.Table, template: bytes, quantization: str, dim: int) -> dict:
+def write_shard(base: str, name: str, table: pa.Table, template: bytes, quantization: str, dim: int,
+                params: dict) -> dict:
     """Write one shard's parquet and FAISS index; returns its manifest entry."""
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     parquet_bytes = buffer.getvalue()
     vectors = column_matrix(table.column("vector"), output_dtype(quantization)) if table.num_rows else \
         np.zeros((0, output_width(dim, quantization)), output_dtype(quantization))
-    index_bytes = shard_index(template, vectors, quantization)
+    index_bytes = shard_index(template, vectors, quantization, params)
     storage.write_bytes_atomic(storage.join(base, f"{name}.parquet"), parquet_bytes)
     storage.write_bytes_atomic(storage.join(base, f"{name}.faiss"), index_bytes)
     return {
@@ -181,8 +182,8 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         raise RuntimeError(f"{len(missing)} documents have no vector after encoding (e.g. {sorted(missing)[:3]})")
     matrix = column_matrix(vectors.column("vector"), output_dtype(cfg.quantization))[positions]
 
-    params = default_params(cfg.index_type, cfg.quantization, dim, len(matrix), cfg)
     sample = matrix[np.random.default_rng(0).permutation(len(matrix))[: cfg.train_sample]]
+    params = default_params(cfg.index_type, cfg.quantization, dim, sample, len(matrix), cfg)
     template = trained_template(cfg.quantization, cfg.index_type, dim, params, sample)
     template_ref = ray.put(template)
     shard_of = index_rows["order"].to_numpy() // cfg.shard_size
@@ -192,7 +193,8 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         take = np.flatnonzero(shard_of == shard)
         table = pa.Table.from_pandas(index_rows.loc[take, columns], preserve_index=False)
         table = table.append_column("vector", vectors_column(matrix[take]))
-        pending.append(write_shard.remote(base, f"shard-{shard:05d}", table, template_ref, cfg.quantization, dim))
+        pending.append(write_shard.remote(base, f"shard-{shard:05d}", table, template_ref, cfg.quantization, dim,
+                                           params))
     shards = [ray.get(ref) for ref in tqdm(pending, desc="write shards", disable=not cfg.show_progress)]
 
     manifest = {

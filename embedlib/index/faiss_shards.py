@@ -2,7 +2,9 @@
 
 Scores are always the exact similarity of ``embedlib.encoding.quantize.similarity`` (cosine for int8 and float,
 ``-hamming`` for binary): FAISS proposes candidates and they are re-scored from the stored vectors. Flat int8 is
-scanned exhaustively (int8 vectors are not normalized, so FAISS' inner product is not their cosine).
+scanned exhaustively (int8 vectors are not normalized, so FAISS' inner product is not their cosine). For IVF and
+HNSW over int8, FAISS holds each vector unit-normalized and re-quantized to int8 (``unit_scale``), so its inner
+product approximates the cosine and the candidates it proposes are the right ones.
 """
 
 from __future__ import annotations
@@ -22,22 +24,32 @@ def normalized(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def faiss_vectors(vectors: np.ndarray, quantization: str) -> np.ndarray:
-    """What FAISS stores/searches: raw int8 values as float32, unit-length floats, packed binary codes."""
+def unit_scale(sample: np.ndarray) -> float:
+    """The factor that maps unit-normalized vectors onto the int8 range (0.01% of entries are clipped)."""
+    top = float(np.quantile(np.abs(normalized(sample)), 0.9999)) if len(sample) else 1.0
+    return 127.0 / max(top, 1e-6)
+
+
+def faiss_vectors(vectors: np.ndarray, quantization: str, params: dict) -> np.ndarray:
+    """What FAISS stores: int8 values (unit-normalized and re-quantized), unit-length floats, packed bits."""
     if quantization == "binary":
         return np.ascontiguousarray(vectors, dtype=np.uint8)
     if quantization == "int8":
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        return np.clip(np.round(normalized(vectors) * params["unit_scale"]), -127, 127).astype(np.float32)
     return normalized(vectors)
 
 
-def faiss_queries(queries: np.ndarray, quantization: str) -> np.ndarray:
+def faiss_queries(queries: np.ndarray, quantization: str, params: dict) -> np.ndarray:
+    """Queries on the scale of the stored vectors (FAISS may quantize int8-index queries like the data)."""
+    if quantization == "int8":
+        return normalized(queries) * params["unit_scale"]
     return np.ascontiguousarray(queries, dtype=np.uint8) if quantization == "binary" else normalized(queries)
 
 
-def default_params(index_type: str, quantization: str, width: int, total_rows: int, cfg) -> dict:
-    """Index parameters for a corpus of ``total_rows``; ``cfg`` fields override the defaults."""
-    params: dict = {}
+def default_params(index_type: str, quantization: str, width: int, sample: np.ndarray, total_rows: int,
+                   cfg) -> dict:
+    """Index parameters for a corpus of ``total_rows`` (``sample`` drawn from it); ``cfg`` fields override."""
+    params: dict = {"unit_scale": unit_scale(sample)} if quantization == "int8" else {}
     if index_type == "ivf":
         params["nlist"] = cfg.nlist or max(1, min(int(4 * math.sqrt(total_rows)), total_rows // 39 or 1))
         params["nprobe"] = cfg.nprobe
@@ -66,7 +78,9 @@ def empty_index(quantization: str, index_type: str, dim: int, params: dict):
         if index_type == "flat":
             return faiss.IndexScalarQuantizer(dim, sq8, ip)
         if index_type == "ivf":
-            return faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, params["nlist"], sq8, ip)
+            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, params["nlist"], sq8, ip)
+            index.by_residual = False  # direct codes store the vector itself, not its residual to a centroid
+            return index
         return faiss.IndexHNSWSQ(dim, sq8, params["hnsw_m"], ip)
     if index_type == "flat":
         return faiss.IndexFlatIP(dim)
@@ -89,15 +103,15 @@ def trained_template(quantization: str, index_type: str, dim: int, params: dict,
     """The serialized empty index every shard starts from; IVF coarse quantizers are trained here, once."""
     index = empty_index(quantization, index_type, dim, params)
     if not index.is_trained:
-        index.train(faiss_vectors(sample, quantization))
+        index.train(faiss_vectors(sample, quantization, params))
     return serialize(index)
 
 
-def shard_index(template: bytes, vectors: np.ndarray, quantization: str) -> bytes:
+def shard_index(template: bytes, vectors: np.ndarray, quantization: str, params: dict) -> bytes:
     """The template with one shard's vectors added, serialized."""
     index = deserialize(template, quantization)
     if len(vectors):
-        index.add(faiss_vectors(vectors, quantization))
+        index.add(faiss_vectors(vectors, quantization, params))
     return serialize(index)
 
 
@@ -156,5 +170,5 @@ def search_shard(index, vectors: np.ndarray, queries: np.ndarray, k: int, quanti
         return exhaustive_cosine(queries, vectors, k)
     set_search_params(index, params)
     fetch = min(len(vectors), k if index_type == "flat" else k * params.get("rerank_factor", 1))
-    _, candidates = index.search(faiss_queries(queries, quantization), fetch)
+    _, candidates = index.search(faiss_queries(queries, quantization, params), fetch)
     return rescore(queries, vectors, candidates.astype(np.int64), quantization, k)

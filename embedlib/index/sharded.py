@@ -40,18 +40,24 @@ def read_checked(url: str, sha256: str) -> bytes:
 class Shard:
     """One shard in memory: its FAISS index, stored vectors (for exact scores) and ids."""
 
-    def __init__(self, base: str, entry: dict, manifest: dict):
+    def __init__(self, ids: list[str], vectors: np.ndarray, index, quantization: str, index_type: str,
+                 params: dict):
+        self.ids, self.vectors, self.index = ids, vectors, index
+        self.quantization, self.index_type, self.params = quantization, index_type, dict(params)
+
+    @classmethod
+    def load(cls, base: str, entry: dict, manifest: dict) -> Shard:
+        """Read one shard of ``manifest`` from storage, checking both files against their checksums."""
+        quantization = manifest["quantization"]
         table = pq.read_table(io.BytesIO(read_checked(storage.join(base, f"{entry['name']}.parquet"),
                                                       entry["parquet_sha256"])), columns=["id", "vector"])
-        self.quantization = manifest["quantization"]
-        self.index_type = manifest["index"]["type"]
-        self.params = dict(manifest["index"]["params"])
-        self.ids = table.column("id").to_pylist()
-        width = output_width(manifest["dim"], self.quantization)
-        self.vectors = (column_matrix(table.column("vector"), output_dtype(self.quantization)) if self.ids
-                        else np.zeros((0, width), output_dtype(self.quantization)))
-        self.index = deserialize(read_checked(storage.join(base, f"{entry['name']}.faiss"), entry["faiss_sha256"]),
-                                 self.quantization)
+        ids = table.column("id").to_pylist()
+        width = output_width(manifest["dim"], quantization)
+        vectors = (column_matrix(table.column("vector"), output_dtype(quantization)) if ids
+                   else np.zeros((0, width), output_dtype(quantization)))
+        index = deserialize(read_checked(storage.join(base, f"{entry['name']}.faiss"), entry["faiss_sha256"]),
+                            quantization)
+        return cls(ids, vectors, index, quantization, manifest["index"]["type"], manifest["index"]["params"])
 
     def search(self, queries: np.ndarray, k: int, overrides: dict) -> tuple[np.ndarray, list[list[str | None]]]:
         scores, positions = search_shard(self.index, self.vectors, queries, k, self.quantization, self.index_type,
@@ -59,7 +65,15 @@ class Shard:
         return scores, [[self.ids[p] if p >= 0 else None for p in row] for row in positions]
 
 
-ShardActor = ray.remote(num_cpus=0.25)(Shard)
+@ray.remote(num_cpus=0.25)
+class ShardActor:
+    """A shard served by a Ray actor (for indexes too large for one process)."""
+
+    def __init__(self, base: str, entry: dict, manifest: dict):
+        self.shard = Shard.load(base, entry, manifest)
+
+    def search(self, queries: np.ndarray, k: int, overrides: dict) -> tuple[np.ndarray, list[list[str | None]]]:
+        return self.shard.search(queries, k, overrides)
 
 
 class ShardedIndex:
@@ -85,7 +99,7 @@ class ShardedIndex:
         if remote:
             shards = [ShardActor.remote(manifest["base"], entry, manifest) for entry in manifest["shards"]]
         else:
-            shards = [Shard(manifest["base"], entry, manifest) for entry in manifest["shards"]]
+            shards = [Shard.load(manifest["base"], entry, manifest) for entry in manifest["shards"]]
         index = cls(manifest, shards, remote=remote)
         if isinstance(model, Encoder):
             index.set_encoder(model)
