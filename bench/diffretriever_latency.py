@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "scifact"))
     parser.add_argument("--texts", type=int, default=64, help="passages encoded per measurement")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16])
@@ -36,18 +38,30 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--ar-no-cache",
+        action="store_true",
+        help="AR baseline without KV cache: each of the K steps re-reads the whole prompt",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     return parser.parse_args()
 
 
-def same_size_encoders(folder: Path, hidden: int, layers: int, max_length: int):
+def same_size_encoders(folder: Path, hidden: int, layers: int, max_length: int, ar_cache: bool):
     """The causal checkpoint as the AR baseline and, loaded bidirectionally with its head, the diffusion one."""
     causal = make_tiny_checkpoint(
-        folder / "causal", "qwen3-causal", hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=max(4, hidden // 64), num_key_value_heads=2,
+        folder / "causal",
+        "qwen3-causal",
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(4, hidden // 64),
+        num_key_value_heads=2,
     )
     diffusion = DiffRetrieverEncoder(load_diffusion_lm(causal, device="cpu", max_length=max_length))
-    baseline = PromptRepsEncoder.from_pretrained(causal, device="cpu", max_length=max_length)
+    baseline = PromptRepsEncoder.from_pretrained(
+        causal, device="cpu", max_length=max_length, use_cache=ar_cache
+    )
     return diffusion, baseline
 
 
@@ -89,24 +103,39 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        diffusion, baseline = same_size_encoders(Path(tmp), args.hidden, args.layers, args.max_length)
+        diffusion, baseline = same_size_encoders(
+            Path(tmp), args.hidden, args.layers, args.max_length, not args.ar_no_cache
+        )
         params = sum(p.numel() for p in diffusion.model.parameters())
-        print(f"model: Qwen3 hidden={args.hidden} layers={args.layers} ({params / 1e6:.2f}M params), "
-              f"{len(texts)} SciFact passages, max_length={args.max_length}, batch={args.batch_size}, "
-              f"threads={args.threads}")
-        print(f"{'K':>3} | {'diffusion ms/text':>17} | {'passes':>6} | {'AR ms/text':>10} | {'passes':>6} | speed-up")
+        print(
+            f"model: Qwen3 hidden={args.hidden} layers={args.layers} ({params / 1e6:.2f}M params), "
+            f"{len(texts)} SciFact passages, max_length={args.max_length}, batch={args.batch_size}, "
+            f"threads={args.threads}, AR KV cache {'off' if args.ar_no_cache else 'on'}"
+        )
+        print(
+            f"{'K':>3} | {'diffusion ms/text':>17} | {'passes':>6} | {'AR ms/text':>10} | {'passes':>6} | speed-up"
+        )
         for k in args.ks:
             diff_s, diff_passes = seconds_per_text(diffusion, texts, k, args.batch_size, args.repeats)
             ar_s, ar_passes = seconds_per_text(baseline, texts, k, args.batch_size, args.repeats)
-            row = {"k": k, "diffusion_ms": diff_s * 1e3, "diffusion_passes": diff_passes, "ar_ms": ar_s * 1e3,
-                   "ar_passes": ar_passes, "speedup": ar_s / diff_s}
+            row = {
+                "k": k,
+                "diffusion_ms": diff_s * 1e3,
+                "diffusion_passes": diff_passes,
+                "ar_ms": ar_s * 1e3,
+                "ar_passes": ar_passes,
+                "speedup": ar_s / diff_s,
+            }
             rows.append(row)
-            print(f"{k:>3} | {row['diffusion_ms']:>17.2f} | {diff_passes:>6} | {row['ar_ms']:>10.2f} | "
-                  f"{ar_passes:>6} | {row['speedup']:.2f}x")
+            print(
+                f"{k:>3} | {row['diffusion_ms']:>17.2f} | {diff_passes:>6} | {row['ar_ms']:>10.2f} | "
+                f"{ar_passes:>6} | {row['speedup']:.2f}x"
+            )
     result = {"args": vars(args), "params": params, "rows": rows}
-    (out / "diffretriever_latency.json").write_text(json.dumps(result, indent=2))
-    plot(rows, out / "diffretriever_latency.png")
-    print(f"wrote {out / 'diffretriever_latency.json'} and {out / 'diffretriever_latency.png'}")
+    name = "diffretriever_latency" + ("_ar_no_cache" if args.ar_no_cache else "")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    plot(rows, out / f"{name}.png")
+    print(f"wrote {out / name}.json and {out / name}.png")
 
 
 if __name__ == "__main__":

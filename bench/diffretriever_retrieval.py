@@ -32,7 +32,9 @@ METRIC = "ndcg@10"
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "scifact"))
     parser.add_argument("--train-split", default="train", help="queries the adaptive-K router is fitted on")
     parser.add_argument("--model", default=None, help="diffusion checkpoint; default: a tiny random one")
@@ -49,7 +51,9 @@ def subset(dataset: BeirDataset, extra: BeirDataset | None, max_docs: int | None
     ids = dataset.doc_ids()
     if max_docs is None or max_docs >= len(ids):
         return ids
-    judged = {d for qrels in (dataset.qrels, extra.qrels if extra else {}) for docs in qrels.values() for d in docs}
+    judged = {
+        d for qrels in (dataset.qrels, extra.qrels if extra else {}) for docs in qrels.values() for d in docs
+    }
     others = [d for d in ids if d not in judged]
     keep = judged | set(others[: max(0, max_docs - len(judged))])
     return [d for d in ids if d in keep]
@@ -82,8 +86,10 @@ def main() -> None:
 
             model = str(make_tiny_diffusion_qwen3_checkpoint(Path(tmp) / "tiny-diffusion-qwen3"))
         encoder = DiffRetrieverEncoder.from_pretrained(model, device="cpu", max_length=args.max_length)
-    print(f"{args.dataset}: {len(doc_ids)} docs, {len(query_ids)} test queries; model {args.model or 'tiny random'}"
-          f" ({sum(p.numel() for p in encoder.model.parameters()) / 1e6:.2f}M params, format {encoder.lm.format})")
+    print(
+        f"{args.dataset}: {len(doc_ids)} docs, {len(query_ids)} test queries; model {args.model or 'tiny random'}"
+        f" ({sum(p.numel() for p in encoder.model.parameters()) / 1e6:.2f}M params, format {encoder.lm.format})"
+    )
 
     docs: dict[int, RepresentativeTokens] = {}
     encode_seconds = {}
@@ -96,12 +102,15 @@ def main() -> None:
     results: dict[str, dict] = {}
     bm25 = BM25Index(doc_ids, texts)
     positions, scores = bm25.search(query_texts, 100)
-    results["BM25 (reference)"] = evaluate_run(test.qrels, run_from_topk(query_ids, doc_ids, positions, scores),
-                                               k_values=(10, 100))[0]
+    results["BM25 (reference)"] = evaluate_run(
+        test.qrels, run_from_topk(query_ids, doc_ids, positions, scores), k_values=(10, 100)
+    )[0]
     per_query_dense: dict[int, np.ndarray] = {}
     for kq, kp in ((1, 1), (4, 16), (1, 16), (16, 16)):
         for mode in MODES:
-            means, per = evaluate(test.qrels, query_ids, doc_ids, exhaustive_scores(query_tokens[kq], docs[kp], mode))
+            means, per = evaluate(
+                test.qrels, query_ids, doc_ids, exhaustive_scores(query_tokens[kq], docs[kp], mode)
+            )
             results[f"K_q={kq} K_p={kp} {mode}"] = means
             if kp == 16 and mode == "hybrid":
                 per_query_dense[kq] = per_query(per, query_ids)
@@ -113,18 +122,26 @@ def main() -> None:
     # Index path (FAISS multi-vector + integer inverted index) for the published setting K_q=4, K_p=16.
     index = DiffRetrieverIndex.build(docs[16])
     index_positions, index_scores = index.search(query_tokens[4], 100, mode="hybrid", candidates=200)
-    index_means = evaluate_run(test.qrels, run_from_topk(query_ids, doc_ids, index_positions, index_scores),
-                               k_values=(10, 100))[0]
+    index_means = evaluate_run(
+        test.qrels, run_from_topk(query_ids, doc_ids, index_positions, index_scores), k_values=(10, 100)
+    )[0]
     storage = index.bytes_per_doc()
-    print(f"\nindexed hybrid K_q=4 K_p=16 (candidates 200 per side): nDCG@10 {index_means['ndcg@10']:.4f}; "
-          f"storage per doc: dense {storage['dense']:.0f} B, sparse {storage['sparse']:.0f} B")
-    print(f"passage encoding: K_p=1 {len(texts) / encode_seconds[1]:.1f} docs/s, "
-          f"K_p=16 {len(texts) / encode_seconds[16]:.1f} docs/s (one forward pass per batch either way)")
+    print(
+        f"\nindexed hybrid K_q=4 K_p=16 (candidates 200 per side): nDCG@10 {index_means['ndcg@10']:.4f}; "
+        f"storage per doc: dense {storage['dense']:.0f} B, sparse {storage['sparse']:.0f} B"
+    )
+    print(
+        f"passage encoding: K_p=1 {len(texts) / encode_seconds[1]:.1f} docs/s, "
+        f"K_p=16 {len(texts) / encode_seconds[16]:.1f} docs/s (one forward pass per batch either way)"
+    )
 
     # Adaptive K (hybrid scores, K_p=16): quantile rule on the test queries, thresholds fitted on train queries.
     unigram = UnigramModel(encoder.tokenizer, texts)
-    routed = {"adaptive (quantile rule)": KRouter.from_quantiles((1, 4, 16), unigram.features(query_texts))
-              .route(unigram.features(query_texts))}
+    routed = {
+        "adaptive (quantile rule)": KRouter.from_quantiles((1, 4, 16), unigram.features(query_texts)).route(
+            unigram.features(query_texts)
+        )
+    }
     if train is not None:
         train_queries = train.judged_queries()
         train_ids, train_texts = list(train_queries), list(train_queries.values())
@@ -134,16 +151,24 @@ def main() -> None:
             _, per = evaluate(train.qrels, train_ids, doc_ids, exhaustive_scores(tokens, docs[16], "hybrid"))
             train_metric[kq] = per_query(per, train_ids)
         fitted = KRouter.fit((1, 4, 16), unigram.features(train_texts), train_metric)
-        routed[f"adaptive (fitted on {args.train_split}, thresholds {[round(t, 1) for t in fitted.thresholds]})"] = (
-            fitted.route(unigram.features(query_texts)))
+        routed[
+            f"adaptive (fitted on {args.train_split}, thresholds {[round(t, 1) for t in fitted.thresholds]})"
+        ] = fitted.route(unigram.features(query_texts))
     budget = budget_report(per_query_dense, routed)
     print(f"\nadaptive budget, hybrid, K_p=16, {METRIC}:")
     for name, row in budget.items():
         print(f"  {name:<60} {row['metric']:.4f}  (mean K_q {row['mean_k']:.2f})")
 
-    report = {"args": vars(args), "docs": len(doc_ids), "queries": len(query_ids), "results": results,
-              "indexed_hybrid": index_means, "bytes_per_doc": storage, "adaptive": budget,
-              "docs_per_second": {str(k): len(texts) / s for k, s in encode_seconds.items()}}
+    report = {
+        "args": vars(args),
+        "docs": len(doc_ids),
+        "queries": len(query_ids),
+        "results": results,
+        "indexed_hybrid": index_means,
+        "bytes_per_doc": storage,
+        "adaptive": budget,
+        "docs_per_second": {str(k): len(texts) / s for k, s in encode_seconds.items()},
+    }
     (out / "diffretriever_retrieval.json").write_text(json.dumps(report, indent=2))
     plot(results, out / "diffretriever_retrieval.png")
     print(f"wrote {out / 'diffretriever_retrieval.json'} and {out / 'diffretriever_retrieval.png'}")

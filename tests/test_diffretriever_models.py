@@ -252,3 +252,11 @@ def test_diffretriever_system_builds_and_searches_with_fixed_and_routed_budgets(
         assert routed_found[row] == [ids[p] for p in alone[0]]
     with pytest.raises(ValueError, match="k_passage"):
         DiffRetrieverSettings(k_passage=0)
+
+
+def test_promptreps_without_kv_cache_gives_the_same_representation(tiny_models):
+    cached = PromptRepsEncoder.from_pretrained(tiny_models["qwen3-causal"], device="cpu", max_length=128)
+    uncached = PromptRepsEncoder(cached.model, cached.tokenizer, 128, use_cache=False)
+    a, b = cached.encode(TEXTS[:2], k=3), uncached.encode(TEXTS[:2], k=3)
+    np.testing.assert_allclose(np.stack(a.dense), np.stack(b.dense), atol=1e-4)
+    np.testing.assert_allclose(a.sparse.toarray(), b.sparse.toarray(), atol=1e-3)

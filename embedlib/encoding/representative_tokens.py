@@ -264,10 +264,12 @@ class PromptRepsEncoder(_RepresentativeBase):
         max_length: int = 512,
         template: PromptTemplate | None = None,
         top_terms: int = DEFAULT_TOP_TERMS,
+        use_cache: bool = True,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.use_cache = use_cache  # False: every step re-reads the whole prefix (K full forward passes)
         self.template = template or PromptTemplate()
         self.top_terms = top_terms
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -283,15 +285,16 @@ class PromptRepsEncoder(_RepresentativeBase):
         max_length: int = 512,
         template: PromptTemplate | None = None,
         top_terms: int = DEFAULT_TOP_TERMS,
+        use_cache: bool = True,
     ) -> PromptRepsEncoder:
         model, tokenizer = load_causal_lm(path_or_url, device=device, dtype=dtype)
-        return cls(model, tokenizer, max_length=max_length, template=template, top_terms=top_terms)
+        return cls(model, tokenizer, max_length, template=template, top_terms=top_terms, use_cache=use_cache)
 
     @torch.inference_mode()
     def generate(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy decoding of K tokens (K forward passes, KV cache): per step the last-layer state that
+        """Greedy decoding of K tokens (K forward passes, KV cache if enabled): per step the last-layer state that
         predicted the token ``(B, K, d)`` and its logits ``(B, K, V)``."""
         device = next(self.model.parameters()).device
         out = self.model.generate(
@@ -304,6 +307,7 @@ class PromptRepsEncoder(_RepresentativeBase):
             output_hidden_states=True,
             return_dict_in_generate=True,
             pad_token_id=self.tokenizer.pad_token_id,
+            use_cache=self.use_cache,
         )
         states = torch.stack([step[-1][:, -1, :] for step in out.hidden_states], dim=1)
         logits = torch.stack(list(out.logits), dim=1)
