@@ -1,0 +1,45 @@
+"""The paper's ablation baseline, kept apart from the recipe: a causal decoder, next-token prediction and
+last-token pooling (pplx-embed §5 compares it against diffusion pretraining + bidirectional attention +
+mean pooling). Nothing outside ablation runs imports this module's model loading.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModel, AutoModelForCausalLM
+
+from embedlib import storage
+from embedlib.models.loading import Backbone, load_tokenizer, read_checkpoint_config
+
+
+def load_causal_backbone(path_or_url: str | os.PathLike, with_lm_head: bool = False,
+                         max_length: int = 512) -> Backbone:
+    """A stock (causal) decoder checkpoint as it is: ``AutoModelForCausalLM`` or ``AutoModel``."""
+    source = str(path_or_url)
+    folder = storage.local_dir(source)
+    read_checkpoint_config(folder, source)
+    model_cls = AutoModelForCausalLM if with_lm_head else AutoModel
+    model = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    return Backbone(model=model.eval(), tokenizer=load_tokenizer(folder), source=source,
+                    max_length=max_length, is_decoder=True)
+
+
+def last_token_pool(token_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The state of each sequence's last real token (right padding): ``(B, L, d) -> (B, d)``."""
+    last = attention_mask.sum(dim=1).clamp(min=1) - 1
+    return token_states[torch.arange(token_states.shape[0], device=token_states.device), last]
+
+
+def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, accuracy)`` of next-token prediction over real tokens."""
+    targets = input_ids[:, 1:]
+    valid = attention_mask[:, 1:].bool()
+    shifted = logits[:, :-1].float()
+    loss = F.cross_entropy(shifted[valid], targets[valid])
+    with torch.no_grad():
+        accuracy = (shifted[valid].argmax(dim=-1) == targets[valid]).float().mean()
+    return loss, accuracy

@@ -1,0 +1,198 @@
+"""Training configuration: one YAML file per run, validated here with errors that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from embedlib import storage
+
+Stage = Literal["pretrain", "pair", "contextual", "triplet"]
+STAGES: tuple[str, ...] = get_args(Stage)
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the offending field."""
+
+
+@dataclass
+class DataConfig:
+    url: str  # parquet or jsonl file/folder at any fsspec URL; rows are read in order (converters shuffle)
+    format: Literal["parquet", "jsonl"] | None = None  # None: from the URL's extension
+    max_length: int = 256  # token cap per text (documents; queries use query_max_length)
+    query_max_length: int = 64
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    schedule: Literal["cosine", "linear", "constant"] = "linear"
+    grad_clip: float = 1.0
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = 2
+    precision: Literal["fp32", "bf16"] = "fp32"
+    gradient_accumulation_steps: int = 1
+
+
+@dataclass
+class ScalingConfig:
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    torch_threads: int | None = None  # CPU: threads per worker (None: Ray's OMP_NUM_THREADS)
+
+
+@dataclass
+class LoraConfig:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+
+
+@dataclass
+class TrainConfig:
+    stage: Stage
+    model: str  # checkpoint folder (local path or URL) to start from
+    output: str  # where the trained model is saved (Encoder.from_pretrained loads it)
+    data: DataConfig
+    batch_size: int = 32  # per worker, per micro-step
+    max_steps: int | None = None  # optimizer steps; None: run epochs
+    epochs: int = 1
+    seed: int = 0
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    lora: LoraConfig | None = None
+    # Objective knobs; ``None`` means the published value of the stage.
+    temperature: float | None = None
+    false_negative_margin: float | None = 0.1
+    matryoshka_dims: list[int] | None = None  # nested dims; the full width is always included
+    contextual_alpha: float = 0.2
+    contextual_beta: tuple[float, float] = (0.2, 0.5)
+    max_chunks: int = 8  # contextual: chunks per document (more are dropped, with a warning)
+    hard_negatives: int = 3  # triplet: K negatives per query
+    mask_id: int | str | None = None  # pretrain: token id, "dream"/"llada", or None for the tokenizer's mask
+    pooling: Literal["mean", "last"] = "mean"  # "last" (with a causal backbone): the ablation baseline only
+    causal: bool = False  # ablation (b): causal attention, next-token pretraining, last-token pooling
+    # Run management.
+    run_name: str = "embedlib-train"
+    checkpoint_url: str | None = None  # Ray Train storage (local or s3://); None: a folder beside output
+    checkpoint_every: int = 50
+    max_failures: int = 0
+    log_every: int = 1
+    inject_failure_at_step: int | None = None  # fault injection for resilience tests: kills a worker once
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+def validate(cfg: TrainConfig) -> None:
+    checks = [
+        ("batch_size", cfg.batch_size >= 1, "must be >= 1"),
+        ("max_steps", cfg.max_steps is None or cfg.max_steps >= 1, "must be >= 1 or null"),
+        ("epochs", cfg.epochs >= 1, "must be >= 1"),
+        ("optimizer.lr", cfg.optimizer.lr > 0, "must be > 0"),
+        ("deepspeed.zero_stage", cfg.deepspeed.zero_stage in (0, 1, 2, 3), "must be 0, 1, 2 or 3"),
+        ("deepspeed.gradient_accumulation_steps", cfg.deepspeed.gradient_accumulation_steps >= 1, "must be >= 1"),
+        ("scaling.num_workers", cfg.scaling.num_workers >= 1, "must be >= 1"),
+        ("scaling.cpus_per_worker", cfg.scaling.cpus_per_worker > 0, "must be > 0"),
+        ("temperature", cfg.temperature is None or cfg.temperature > 0, "must be > 0"),
+        ("contextual_alpha", 0 <= cfg.contextual_alpha <= 1, "must be in [0, 1]"),
+        ("hard_negatives", cfg.hard_negatives >= 1, "must be >= 1"),
+        ("checkpoint_every", cfg.checkpoint_every >= 1, "must be >= 1"),
+        ("matryoshka_dims", all(d > 0 for d in cfg.matryoshka_dims or []), "must be positive integers"),
+    ]
+    for name, ok, message in checks:
+        if not ok:
+            raise ConfigError(f"{name}: {message}")
+    if isinstance(cfg.mask_id, str) and cfg.mask_id not in ("dream", "llada"):
+        raise ConfigError(f"mask_id: must be an integer token id, 'dream', 'llada' or null, got {cfg.mask_id!r}")
+
+
+def _coerce(value: Any, annotation: Any, name: str) -> Any:
+    """``value`` checked against (and converted to) ``annotation``; ``ConfigError`` naming ``name``."""
+    origin = get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(value, option, name)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{name}: {value!r} matches none of {options}")
+    if origin is Literal:
+        if value not in get_args(annotation):
+            raise ConfigError(f"{name}: must be one of {list(get_args(annotation))}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{name}: must be a list, got {value!r}")
+        item_types = get_args(annotation)
+        if origin is tuple:
+            if len(value) != len(item_types):
+                raise ConfigError(f"{name}: must have {len(item_types)} items, got {value!r}")
+            return tuple(_coerce(v, t, f"{name}[{i}]") for i, (v, t) in enumerate(zip(value, item_types, strict=True)))
+        return [_coerce(v, item_types[0], f"{name}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(annotation):
+        return from_dict(annotation, value, name)
+    if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if annotation is Any or (isinstance(annotation, type) and isinstance(value, annotation)
+                             and not (annotation is int and isinstance(value, bool))):
+        return value
+    raise ConfigError(f"{name}: must be {getattr(annotation, '__name__', annotation)}, got {value!r}")
+
+
+def from_dict(cls: type, values: Any, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping: unknown, missing or mistyped fields are ``ConfigError``s."""
+    if isinstance(values, cls):
+        return values
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix or cls.__name__}: must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown field (known: {sorted(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        full = f"{prefix}.{name}" if prefix else name
+        if name in values:
+            kwargs[name] = _coerce(values[name], hints[name], full)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{full}: required field is missing")
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{prefix + '.' if prefix else ''}{err}") from err
+
+
+def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a YAML training config (any fsspec URL), apply ``overrides`` (dotted keys), validate."""
+    values = yaml.safe_load(storage.read_bytes(path_or_url)) or {}
+    for dotted, value in (overrides or {}).items():
+        target = values
+        *parents, last = dotted.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[last] = value
+    return from_dict(TrainConfig, values)
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

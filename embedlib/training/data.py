@@ -1,0 +1,170 @@
+"""Training data: Ray Datasets from parquet/jsonl at any fsspec URL, BEIR converters, hard-negative mining.
+
+Row formats (one dict per example):
+- pretrain: ``{"text"}``;
+- pair: ``{"query", "positive"}`` (optional ``"doc_id"``: equal ids are the same document);
+- triplet: ``{"query", "positive", "negatives": [...]}``;
+- contextual: ``{"query", "chunks": [...], "gold": int}`` (optional ``"doc_id"``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from embedlib import storage
+from embedlib.encoding.quantize import similarity
+from embedlib.eval.beir import BeirDataset
+from embedlib.search.bm25 import BM25Index
+
+log = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = {
+    "pretrain": ("text",),
+    "pair": ("query", "positive"),
+    "triplet": ("query", "positive", "negatives"),
+    "contextual": ("query", "chunks", "gold"),
+}
+
+
+class DataError(ValueError):
+    """Training data that cannot be used; the message names the URL and what is wrong."""
+
+
+def data_format(url: str, declared: str | None) -> str:
+    if declared:
+        return declared
+    name = url.rstrip("/").lower()
+    if name.endswith((".jsonl", ".json", ".jsonl.gz")):
+        return "jsonl"
+    return "parquet"
+
+
+def arrow_filesystem(url: str):
+    """A pyarrow filesystem over the fsspec one for ``url`` (so s3 endpoints come from the environment)."""
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    fs, path = storage.filesystem(url)
+    return PyFileSystem(FSSpecHandler(fs)), path
+
+
+def read_dataset(url: str, stage: str, declared_format: str | None = None):
+    """A Ray Dataset of training rows, after checking the stage's columns are present."""
+    import ray.data
+
+    filesystem, path = arrow_filesystem(url)
+    fmt = data_format(url, declared_format)
+    reader = ray.data.read_json if fmt == "jsonl" else ray.data.read_parquet
+    dataset = reader(path, filesystem=filesystem)
+    columns = set(dataset.columns() or [])
+    missing = [c for c in REQUIRED_COLUMNS[stage] if c not in columns]
+    if missing:
+        raise DataError(f"{url}: stage {stage!r} needs columns {list(REQUIRED_COLUMNS[stage])}, missing {missing}")
+    return dataset
+
+
+def write_rows(rows: Sequence[dict], url: str) -> None:
+    """Write rows as one parquet file (``.parquet``) or JSON lines (``.jsonl``) at ``url``, atomically."""
+    if not rows:
+        raise DataError(f"{url}: refusing to write an empty training file")
+    if data_format(url, None) == "jsonl":
+        payload = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
+    else:
+        buffer = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(list(rows)), buffer)
+        payload = buffer.getvalue()
+    storage.write_bytes_atomic(url, payload)
+
+
+def read_rows(url: str) -> list[dict]:
+    """All rows of a parquet or jsonl file (small files: tests, mining inputs)."""
+    data = storage.read_bytes(url)
+    if data_format(url, None) == "jsonl":
+        return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    return pq.read_table(io.BytesIO(data)).to_pylist()
+
+
+# --- converters -------------------------------------------------------------------------------------------
+
+
+def beir_pairs(dataset: BeirDataset, min_relevance: int = 1) -> list[dict]:
+    """One ``{"query", "positive", "query_id", "doc_id"}`` row per relevant qrels entry."""
+    texts = dict(zip(dataset.doc_ids(), dataset.doc_texts(), strict=True))
+    rows = []
+    for qid, docs in dataset.qrels.items():
+        for did, relevance in docs.items():
+            if relevance >= min_relevance:
+                rows.append({"query": dataset.queries[qid], "positive": texts[did], "query_id": qid, "doc_id": did})
+    return rows
+
+
+def text_rows(paths: Iterable[str | Path], chars_per_row: int = 2000, min_chars: int = 200) -> list[dict]:
+    """Plain text files cut into ``{"text"}`` rows of about ``chars_per_row`` characters at line breaks."""
+    rows = []
+    for path in paths:
+        text = storage.read_bytes(str(path)).decode("utf-8", errors="replace")
+        current: list[str] = []
+        size = 0
+        for line in text.splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            current.append(line)
+            size += len(line) + 1
+            if size >= chars_per_row:
+                rows.append({"text": " ".join(current)})
+                current, size = [], 0
+        if size >= min_chars:
+            rows.append({"text": " ".join(current)})
+    return rows
+
+
+# --- hard-negative mining -----------------------------------------------------------------------------------
+
+
+def _triplets_from_ranking(pairs: Sequence[dict], dataset: BeirDataset, ranked: np.ndarray, k: int,
+                           skip_top: int) -> list[dict]:
+    """Triplet rows: each pair plus the first ``k`` ranked documents that are not judged relevant."""
+    doc_ids = dataset.doc_ids()
+    texts = dataset.doc_texts()
+    rows, short = [], 0
+    for pair, positions in zip(pairs, ranked, strict=True):
+        relevant = dataset.qrels.get(pair["query_id"], {})
+        candidates = [p for p in positions if doc_ids[p] not in relevant or relevant[doc_ids[p]] <= 0]
+        negatives = candidates[skip_top : skip_top + k]
+        if len(negatives) < k:
+            short += 1
+            continue
+        rows.append({**pair, "negatives": [texts[p] for p in negatives],
+                     "negative_ids": [doc_ids[p] for p in negatives]})
+    if short:
+        log.warning("%d of %d pairs had fewer than %d negatives and were dropped", short, len(pairs), k)
+    return rows
+
+
+def mine_bm25_negatives(pairs: Sequence[dict], dataset: BeirDataset, k: int = 3, skip_top: int = 0,
+                        depth: int = 30) -> list[dict]:
+    """Triplets with BM25 hard negatives: top-ranked non-relevant documents (after ``skip_top``)."""
+    index = BM25Index(dataset.doc_ids(), dataset.doc_texts())
+    ranked, _ = index.search([p["query"] for p in pairs], depth)
+    return _triplets_from_ranking(pairs, dataset, ranked, k, skip_top)
+
+
+def mine_embedding_negatives(pairs: Sequence[dict], dataset: BeirDataset, encoder, k: int = 3,
+                             skip_top: int = 0, depth: int = 30, batch: int = 256) -> list[dict]:
+    """Triplets with hard negatives from an existing embedding model (an ``Encoder``, INT8 cosine)."""
+    docs = encoder.encode(dataset.doc_texts(), quantization="int8", show_progress=True)
+    queries = encoder.encode([p["query"] for p in pairs], quantization="int8")
+    ranked = []
+    for start in tqdm(range(0, len(queries), batch), desc="mine", unit="batch"):
+        scores = similarity(queries[start : start + batch], docs, "int8")
+        ranked.append(np.argsort(-scores, axis=1)[:, :depth])
+    return _triplets_from_ranking(pairs, dataset, np.concatenate(ranked), k, skip_top)

@@ -1,0 +1,45 @@
+"""Metric logs (CSV + JSON) and loss-curve PNGs of training runs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+
+from embedlib import storage
+
+
+def write_history(history: Sequence[dict], output: str, title: str) -> None:
+    """``metrics.csv``, ``metrics.json`` and ``loss.png`` beside the saved model."""
+    if not history:
+        return
+    columns = sorted({key for row in history for key in row}, key=lambda k: (k != "step", k))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(history)
+    storage.write_bytes_atomic(storage.join(output, "metrics.csv"), text.getvalue().encode())
+    storage.write_bytes_atomic(storage.join(output, "metrics.json"), json.dumps(list(history), indent=1).encode())
+    storage.write_bytes_atomic(storage.join(output, "loss.png"), loss_curves_png({title: history}))
+
+
+def loss_curves_png(curves: dict[str, Sequence[dict]], ylabel: str = "training loss") -> bytes:
+    """One PNG with a loss-vs-step line per named history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, history in curves.items():
+        ax.plot([r["step"] for r in history], [r["loss"] for r in history], label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    return buffer.getvalue()

@@ -1,0 +1,243 @@
+"""What each stage trains: a ``torch.nn.Module`` whose forward turns a collated batch into a loss.
+
+The modules are built from the encoder core (``load_backbone``, ``Encoder.tokenize``/``Encoder.pooled``,
+``truncate`` + ``int8_straight_through`` via the objectives) so what is trained is what ``Encoder`` serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from embedlib.encoding.batching import pad_batch
+from embedlib.encoding.encoder import Encoder
+from embedlib.encoding.quantize import mean_pool
+from embedlib.models.loading import load_backbone
+from embedlib.objectives import (
+    contextual_beta,
+    contextual_loss,
+    diffusion_loss,
+    mask_for_diffusion,
+    matryoshka,
+    pair_loss,
+)
+from embedlib.objectives.contrastive import PAIR_TEMPERATURE, TRIPLET_TEMPERATURE, triplet_loss
+from embedlib.objectives.diffusion import KNOWN_MASK_IDS
+from embedlib.training import causal_ablation
+from embedlib.training.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def text_hash(text: str) -> int:
+    """A signed 64-bit content hash (the duplicate-document mask compares these)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def resolve_mask_id(mask_id: int | str | None, tokenizer) -> int:
+    """The diffusion mask token: an explicit id, a known family's id, or the tokenizer's mask token."""
+    if isinstance(mask_id, str):
+        mask_id = KNOWN_MASK_IDS[mask_id]
+    if mask_id is None:
+        mask_id = tokenizer.mask_token_id
+        if mask_id is None:
+            raise ValueError("mask_id: the tokenizer has no mask token; set mask_id to a rarely used token id")
+    if not 0 <= mask_id < len(tokenizer):
+        raise ValueError(f"mask_id: {mask_id} is outside the vocabulary (size {len(tokenizer)})")
+    return int(mask_id)
+
+
+def padded(encoder: Encoder, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
+    ids, _ = encoder.tokenize(list(texts))
+    input_ids, attention_mask = pad_batch([x[:max_length] for x in ids], encoder.tokenizer.pad_token_id)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+# --- pretraining -------------------------------------------------------------------------------------------
+
+
+class DiffusionLM(torch.nn.Module):
+    """Masked-diffusion LM objective on a bidirectional decoder with its LM head (§4.2)."""
+
+    def __init__(self, lm: torch.nn.Module, mask_id: int, seed: int):
+        super().__init__()
+        self.lm = lm
+        self.mask_id = mask_id
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        noisy, masked, t = mask_for_diffusion(input_ids, attention_mask, self.mask_id, self.generator)
+        logits = self.lm(input_ids=noisy, attention_mask=attention_mask).logits
+        loss, accuracy = diffusion_loss(logits, input_ids, masked, t.to(logits.device), attention_mask)
+        return {"loss": loss, "accuracy": accuracy}
+
+
+class NextTokenLM(torch.nn.Module):
+    """Ablation (b): next-token prediction on a causal decoder."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.lm(input_ids=input_ids, attention_mask=attention_mask).logits
+        loss, accuracy = causal_ablation.next_token_loss(logits, input_ids, attention_mask)
+        return {"loss": loss, "accuracy": accuracy}
+
+
+# --- contrastive stages --------------------------------------------------------------------------------------
+
+
+class ContrastiveModel(torch.nn.Module):
+    """An ``Encoder``'s backbone with the loss of a contrastive stage on INT8 straight-through embeddings."""
+
+    def __init__(self, encoder: Encoder, cfg: TrainConfig):
+        super().__init__()
+        self.backbone = encoder.model
+        self.encoder = encoder
+        self.cfg = cfg
+        self.dims = [*(cfg.matryoshka_dims or []), None]
+        self.progress = 0.0  # contextual β schedule: fraction of training done, set by the runner
+
+    def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.cfg.pooling == "last":
+            states = self.encoder.token_states(batch["input_ids"], batch["attention_mask"])
+            return causal_ablation.last_token_pool(states, batch["attention_mask"].to(states.device))
+        return self.encoder.pooled(batch["input_ids"], batch["attention_mask"])
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        stage, cfg = self.cfg.stage, self.cfg
+        q = self.embed(batch["query"])
+        if stage == "pair":
+            temperature = cfg.temperature or PAIR_TEMPERATURE
+            hashes = batch["doc_hash"]
+            loss = matryoshka(lambda a, b: pair_loss(a, b, temperature, cfg.false_negative_margin, hashes),
+                              [q, self.embed(batch["positive"])], self.dims)
+        elif stage == "triplet":
+            temperature = cfg.temperature or TRIPLET_TEMPERATURE
+            d = self.embed(batch["positive"])
+            negatives = self.embed(batch["negatives"]).view(q.shape[0], -1, q.shape[1])
+            loss = matryoshka(lambda a, b, n: triplet_loss(a, b, n, temperature), [q, d, negatives], self.dims)
+        else:
+            loss = self.contextual(batch, q)
+        return {"loss": loss}
+
+    def contextual(self, batch: dict, q: torch.Tensor) -> torch.Tensor:
+        """Late chunking: one forward over each whole document, chunks mean-pooled over their token spans."""
+        cfg = self.cfg
+        doc = batch["document"]
+        states = self.encoder.token_states(doc["input_ids"], doc["attention_mask"])
+        spans = batch["spans"].to(states.dtype)  # (B, C, L): 1 on the chunk's tokens
+        chunks = torch.einsum("bcl,bld->bcd", spans, states) / spans.sum(-1, keepdim=True).clamp(min=1)
+        document = mean_pool(states, doc["attention_mask"].to(states.device))
+        beta = contextual_beta(self.progress, *cfg.contextual_beta)
+        return matryoshka(
+            lambda a, dd, ch: contextual_loss(a, dd, ch, batch["chunk_valid"], batch["gold"], batch["doc_hash"],
+                                              beta, cfg.temperature or PAIR_TEMPERATURE, cfg.contextual_alpha,
+                                              cfg.false_negative_margin),
+            [q, document, chunks], self.dims,
+        )
+
+
+# --- building a stage ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StageParts:
+    module: torch.nn.Module  # what DeepSpeed wraps; forward(**collated) -> {"loss", ...}
+    encoder: Encoder  # tokenizer + (for contrastive stages) the encoder that gets saved
+    collate: object  # rows (dict of lists) -> forward kwargs
+
+
+def build_stage(cfg: TrainConfig, seed: int) -> StageParts:
+    """Load the starting checkpoint and wrap it in the stage's loss module and collator."""
+    if cfg.stage == "pretrain":
+        if cfg.causal:
+            backbone = causal_ablation.load_causal_backbone(cfg.model, with_lm_head=True,
+                                                            max_length=cfg.data.max_length)
+            module = NextTokenLM(backbone.model)
+        else:
+            backbone = load_backbone(cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length,
+                                     with_lm_head=True)
+            module = DiffusionLM(backbone.model, resolve_mask_id(cfg.mask_id, backbone.tokenizer), seed)
+        encoder = Encoder(backbone)
+        return StageParts(module, encoder, PretrainCollator(encoder, cfg.data.max_length))
+    if cfg.causal:
+        backbone = causal_ablation.load_causal_backbone(cfg.model, max_length=cfg.data.max_length)
+    else:
+        backbone = load_backbone(cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length)
+    encoder = Encoder(backbone)
+    if cfg.lora is not None:
+        from embedlib.training.lora import add_lora
+
+        encoder.model = encoder.backbone.model = add_lora(encoder.model, cfg.lora)
+    encoder.model.train()
+    return StageParts(ContrastiveModel(encoder, cfg), encoder, ContrastiveCollator(encoder, cfg))
+
+
+class PretrainCollator:
+    def __init__(self, encoder: Encoder, max_length: int):
+        self.encoder, self.max_length = encoder, max_length
+
+    def __call__(self, rows: dict) -> dict:
+        return padded(self.encoder, rows["text"], self.max_length)
+
+
+class ContrastiveCollator:
+    """Tokenize a batch of pair / triplet / contextual rows into the forward's inputs."""
+
+    def __init__(self, encoder: Encoder, cfg: TrainConfig):
+        self.encoder, self.cfg = encoder, cfg
+
+    def __call__(self, rows: dict) -> dict:
+        cfg = self.cfg
+        batch = {"query": padded(self.encoder, rows["query"], cfg.data.query_max_length)}
+        if cfg.stage in ("pair", "triplet"):
+            batch["positive"] = padded(self.encoder, rows["positive"], cfg.data.max_length)
+        if cfg.stage == "pair":
+            keys = rows["doc_id"] if "doc_id" in rows else rows["positive"]
+            batch["doc_hash"] = torch.tensor([text_hash(str(k)) for k in keys], dtype=torch.int64)
+        if cfg.stage == "triplet":
+            negatives = [list(n)[: cfg.hard_negatives] for n in rows["negatives"]]
+            if any(len(n) < cfg.hard_negatives for n in negatives):
+                raise ValueError(f"triplet rows need {cfg.hard_negatives} negatives (hard_negatives)")
+            batch["negatives"] = padded(self.encoder, [t for n in negatives for t in n], cfg.data.max_length)
+        if cfg.stage == "contextual":
+            batch.update(self.late_chunks(rows))
+        return batch
+
+    def late_chunks(self, rows: dict) -> dict:
+        """Documents as concatenated chunk tokens with each chunk's span; chunks past the caps are dropped."""
+        cfg = self.cfg
+        documents, spans, golds = [], [], []
+        for chunks, gold in zip(rows["chunks"], rows["gold"], strict=True):
+            ids_per_chunk, _ = self.encoder.tokenize(list(chunks)[: cfg.max_chunks])
+            ids, bounds = [], []
+            for chunk_ids in ids_per_chunk:
+                if len(ids) + len(chunk_ids) > cfg.data.max_length:
+                    break
+                bounds.append((len(ids), len(ids) + len(chunk_ids)))
+                ids.extend(chunk_ids)
+            if int(gold) >= len(bounds):
+                raise ValueError(f"gold chunk {gold} does not fit in max_length={cfg.data.max_length} tokens "
+                                 f"/ max_chunks={cfg.max_chunks}")
+            documents.append(ids)
+            spans.append(bounds)
+            golds.append(int(gold))
+        input_ids, attention_mask = pad_batch(documents, self.encoder.tokenizer.pad_token_id)
+        span_mask = torch.zeros(len(documents), cfg.max_chunks, input_ids.shape[1])
+        for row, bounds in enumerate(spans):
+            for c, (start, end) in enumerate(bounds):
+                span_mask[row, c, start:end] = 1.0
+        keys = rows["doc_id"] if "doc_id" in rows else [" ".join(c) for c in rows["chunks"]]
+        return {
+            "document": {"input_ids": input_ids, "attention_mask": attention_mask},
+            "spans": span_mask,
+            "chunk_valid": span_mask.sum(-1) > 0,
+            "gold": torch.tensor(golds, dtype=torch.long),
+            "doc_hash": torch.tensor([text_hash(str(k)) for k in keys], dtype=torch.int64),
+        }

@@ -1,0 +1,133 @@
+"""Training: the diffusion objective learns, data converters, SLERP, LoRA merge, config validation.
+
+Ray Train + DeepSpeed runs are in ``test_training_ray.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from embedlib.encoding.encoder import Encoder
+from embedlib.eval.beir import load_beir
+from embedlib.models.loading import load_backbone
+from embedlib.training.config import ConfigError, TrainConfig, from_dict, load_config
+from embedlib.training.data import beir_pairs, mine_bm25_negatives, read_rows, text_rows, write_rows
+from embedlib.training.merge import merge_checkpoints, slerp
+from embedlib.training.stages import DiffusionLM, PretrainCollator, resolve_mask_id
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: on a shared 2-core machine more threads only spin."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_diffusion_loss_decreases_on_real_text(tiny_models, shared_data):
+    backbone = load_backbone(tiny_models["qwen3-causal"], device="cpu", dtype="fp32", with_lm_head=True)
+    encoder = Encoder(backbone)
+    module = DiffusionLM(backbone.model.train(), resolve_mask_id(None, backbone.tokenizer), seed=0)
+    collate = PretrainCollator(encoder, max_length=64)
+    rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=300)[:8 * 40]
+    optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
+    losses, accuracies = [], []
+    for start in range(0, len(rows), 8):
+        batch = collate({"text": [r["text"] for r in rows[start : start + 8]]})
+        out = module(**batch)
+        out["loss"].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(out["loss"].item())
+        accuracies.append(out["accuracy"].item())
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
+    assert np.mean(accuracies[-10:]) > np.mean(accuracies[:10])
+
+
+def test_mask_id_resolution(tiny_models):
+    tokenizer = load_backbone(tiny_models["qwen3-causal"], device="cpu").tokenizer
+    assert resolve_mask_id(None, tokenizer) == tokenizer.convert_tokens_to_ids("<|mask|>")
+    assert resolve_mask_id(7, tokenizer) == 7
+    with pytest.raises(ValueError, match="mask_id"):
+        resolve_mask_id("dream", tokenizer)  # Dream's id exists only in Dream's 151k vocabulary
+
+
+def test_config_errors_name_the_field(tmp_path):
+    base = {"stage": "pair", "model": "m", "output": "o", "data": {"url": "d.parquet"}}
+    assert from_dict(TrainConfig, base).optimizer.lr > 0
+    for change, field in [({"stage": "pairs"}, "stage"), ({"batch_size": 0}, "batch_size"),
+                          ({"optimizer": {"lr": "fast"}}, "optimizer.lr"), ({"data": {"url": "d", "x": 1}}, "data.x"),
+                          ({"deepspeed": {"zero_stage": 4}}, "deepspeed.zero_stage"), ({"mask_id": "bert"}, "mask_id")]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            from_dict(TrainConfig, {**base, **change})
+    path = tmp_path / "c.yaml"
+    path.write_text("stage: triplet\nmodel: m\noutput: o\ndata: {url: d.jsonl}\n")
+    assert load_config(str(path), {"optimizer.lr": 1e-4}).optimizer.lr == 1e-4
+
+
+def test_beir_pairs_and_bm25_hard_negatives(shared_data, tmp_path):
+    dataset = load_beir(str(shared_data / "cranfield"), "test")
+    pairs = beir_pairs(dataset)
+    assert len(pairs) == sum(1 for docs in dataset.qrels.values() for r in docs.values() if r >= 1)
+    triplets = mine_bm25_negatives(pairs[:50], dataset, k=3)
+    assert len(triplets) == 50
+    for row in triplets:
+        assert len(row["negatives"]) == 3
+        assert not set(row["negative_ids"]) & set(dataset.qrels[row["query_id"]])
+    write_rows(triplets, str(tmp_path / "t.parquet"))
+    assert read_rows(str(tmp_path / "t.parquet"))[0]["negatives"] == triplets[0]["negatives"]
+
+
+def test_slerp_endpoints_and_arc():
+    a, b = torch.randn(8, 4), torch.randn(8, 4)
+    assert torch.allclose(slerp(a, b, 0.0), a, atol=1e-6)
+    assert torch.allclose(slerp(a, b, 1.0), b, atol=1e-6)
+    x, y = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    assert torch.allclose(slerp(x, y, 0.5), torch.tensor([2**-0.5, 2**-0.5]))  # on the arc, not the chord
+    assert torch.allclose(slerp(x, 2 * x, 0.5), 1.5 * x)  # parallel: linear
+
+
+def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
+    first = tiny_models["pplx-embed"]
+    other = tmp_path / "other"
+    encoder = Encoder.from_pretrained(first, device="cpu")
+    with torch.no_grad():
+        for p in encoder.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    encoder.save_pretrained(other)
+    texts = ["aerodynamic heating of a cone", "boundary layer"]
+    for t, expected in ((0.0, first), (1.0, other)):
+        merged = merge_checkpoints(first, other, tmp_path / f"m{t}", t)
+        assert merged.weights_hash == Encoder.from_pretrained(expected, device="cpu").weights_hash
+    merge_checkpoints(first, other, tmp_path / "half", 0.5)
+    halfway = Encoder.from_pretrained(tmp_path / "half", device="cpu")
+    assert halfway.weights_hash not in {encoder.weights_hash, Encoder.from_pretrained(first, device="cpu").weights_hash}
+    assert halfway.encode(texts, quantization="float").shape == (2, halfway.dim)
+
+
+def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):
+    from embedlib.training.runner import save_trained_model
+    from embedlib.training.stages import build_stage
+
+    cfg = from_dict(TrainConfig, {"stage": "pair", "model": str(tiny_models["pplx-embed"]),
+                                  "output": str(tmp_path / "out"), "data": {"url": "unused.parquet"},
+                                  "lora": {"r": 4, "alpha": 8}})
+    parts = build_stage(cfg, seed=0)
+    trainable = [n for n, p in parts.module.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():
+        for name, p in parts.module.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)  # a trained adapter: non-zero update
+    texts = ["supersonic flow over a flat plate", "heat transfer"]
+    parts.encoder.model.eval()
+    expected = parts.encoder.encode(texts, quantization="float")
+    save_trained_model(parts, cfg)
+    reloaded = Encoder.from_pretrained(tmp_path / "out", device="cpu")
+    assert not any("lora" in k for k in reloaded.model.state_dict())
+    np.testing.assert_allclose(reloaded.encode(texts, quantization="float"), expected, atol=1e-5)
+    base = Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu").encode(texts, quantization="float")
+    assert not np.allclose(base, expected, atol=1e-4)
