@@ -260,3 +260,11 @@ def test_promptreps_without_kv_cache_gives_the_same_representation(tiny_models):
     a, b = cached.encode(TEXTS[:2], k=3), uncached.encode(TEXTS[:2], k=3)
     np.testing.assert_allclose(np.stack(a.dense), np.stack(b.dense), atol=1e-4)
     np.testing.assert_allclose(a.sparse.toarray(), b.sparse.toarray(), atol=1e-3)
+
+
+def test_mask_id_outside_the_lm_head_is_refused(encoders):
+    import dataclasses
+
+    lm = encoders["dream"].lm
+    with pytest.raises(ValueError, match="mask_token_id"):
+        DiffRetrieverEncoder(dataclasses.replace(lm, mask_token_id=lm.model.config.vocab_size + 5))

@@ -160,6 +160,11 @@ class DiffRetrieverEncoder(_RepresentativeBase):
         self.template = template or PromptTemplate()
         self.top_terms = top_terms
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        if not 0 <= lm.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"{lm.source}: mask_token_id {lm.mask_token_id} is outside the LM head's "
+                f"{self.vocab_size} outputs"
+            )
         self.excluded = torch.as_tensor(excluded_term_ids(self.tokenizer, self.vocab_size))
         self.excluded[lm.mask_token_id] = True
         self.last_stats = RepresentativeStats()
