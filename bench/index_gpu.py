@@ -24,10 +24,23 @@ from embedlib.encoding.quantize import mean_pool, quantize_int8
 from embedlib.models.loading import load_backbone
 from embedlib.models.tiny import make_tiny_checkpoint
 
-QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, max_position_embeddings=32768)
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16)
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=32768,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 H200_BF16_DENSE_TFLOPS = 989.0
 
 
@@ -78,21 +91,35 @@ def long_corpus(path: Path, docs: int, chars: int) -> str:
     return str(path)
 
 
-def through_pipeline(model_dir: Path, corpus: str, output: str, gpu: bool, dtype: str, batch: int,
-                     seq: int) -> float:
+def through_pipeline(
+    model_dir: Path, corpus: str, output: str, gpu: bool, dtype: str, batch: int, seq: int
+) -> float:
     """docs/s of the pipeline's encode stage (actor start-up and model load included)."""
     from embedlib.index import IndexJobConfig, build_index
 
-    summary = build_index(IndexJobConfig(
-        input=corpus, output=output, model=str(model_dir), actors=1, gpus_per_actor=1.0 if gpu else 0.0,
-        cpus_per_actor=1.0 if gpu else 0.5, dtype=dtype, batch_rows=4 * batch, max_tokens_per_batch=batch * seq,
-        shard_size=100_000, show_progress=False))
+    summary = build_index(
+        IndexJobConfig(
+            input=corpus,
+            output=output,
+            model=str(model_dir),
+            actors=1,
+            gpus_per_actor=1.0 if gpu else 0.0,
+            cpus_per_actor=1.0 if gpu else 0.5,
+            dtype=dtype,
+            batch_rows=4 * batch,
+            max_tokens_per_batch=batch * seq,
+            shard_size=100_000,
+            show_progress=False,
+        )
+    )
     print(summary)
     return summary.embedded / summary.encode_seconds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny shape on CPU (checks the script runs)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=512)
@@ -105,7 +132,9 @@ def main() -> None:
     shape = TINY if args.tiny else QWEN3_0_6B
     if args.tiny:
         args.batch, args.steps, args.docs = 8, 3, 64
-    print(f"device {torch.cuda.get_device_name() if gpu else 'cpu'}, {dtype}, shape {shape}, {args.seq} tokens/doc")
+    print(
+        f"device {torch.cuda.get_device_name() if gpu else 'cpu'}, {dtype}, shape {shape}, {args.seq} tokens/doc"
+    )
 
     import ray
 
@@ -119,8 +148,10 @@ def main() -> None:
         piped = through_pipeline(model_dir, corpus, str(tmp / "index"), gpu, dtype, args.batch, args.seq)
     for name, rate in (("raw PyTorch loop", raw), ("pipeline (Ray Data actor pool)", piped)):
         mfu = rate * flops / (args.peak_tflops * 1e12)
-        print(f"{name}: {rate:.1f} docs/s, {rate * flops / 1e12:.1f} TFLOP/s, MFU {mfu:.3f} "
-              f"(of {args.peak_tflops:.0f} TFLOP/s peak, {flops / 1e9:.1f} GFLOP/doc)")
+        print(
+            f"{name}: {rate:.1f} docs/s, {rate * flops / 1e12:.1f} TFLOP/s, MFU {mfu:.3f} "
+            f"(of {args.peak_tflops:.0f} TFLOP/s peak, {flops / 1e9:.1f} GFLOP/doc)"
+        )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,14 @@ def synthetic_int8(n: int, dim: int, clusters: int, seed: int, centers: np.ndarr
 
 
 def in_memory_index(shards: list[Shard], dim: int, index_type: str) -> ShardedIndex:
-    manifest = {"base": "<memory>", "quantization": "int8", "dim": dim, "index": {"type": index_type},
-                "model": {}, "shards": [{"rows": len(s.ids)} for s in shards]}
+    manifest = {
+        "base": "<memory>",
+        "quantization": "int8",
+        "dim": dim,
+        "index": {"type": index_type},
+        "model": {},
+        "shards": [{"rows": len(s.ids)} for s in shards],
+    }
     return ShardedIndex(manifest, shards)
 
 
@@ -61,7 +67,9 @@ def recall_at_k(found: list[list[str]], truth: list[list[str]], k: int) -> float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--shards", type=int, default=8)
@@ -78,7 +86,9 @@ def main() -> None:
     t = time.perf_counter()
     vectors, centers = synthetic_int8(args.n, args.dim, args.clusters, seed=0)
     queries, _ = synthetic_int8(args.queries, args.dim, args.clusters, seed=1, centers=centers)
-    print(f"data: {args.n} x {args.dim} int8 ({time.perf_counter() - t:.1f} s to generate), {args.queries} queries")
+    print(
+        f"data: {args.n} x {args.dim} int8 ({time.perf_counter() - t:.1f} s to generate), {args.queries} queries"
+    )
 
     print("exact: one flat index (exhaustive cosine) ...", flush=True)
     flat = {"unit_scale": unit_scale(vectors[: args.train_sample])}
@@ -89,24 +99,34 @@ def main() -> None:
     exact_seconds = time.perf_counter() - t
     print(f"exact search: {args.queries / exact_seconds:.1f} QPS")
 
-    sharded = in_memory_index(build_shards(vectors, args.shards, "flat", flat, flat_template)[0], args.dim, "flat")
+    sharded = in_memory_index(
+        build_shards(vectors, args.shards, "flat", flat, flat_template)[0], args.dim, "flat"
+    )
     sharded_scores, sharded_ids = sharded.search(queries, args.k)
     same = float(np.mean([a == b for a, b in zip(sharded_ids, exact_ids, strict=True)]))
-    print(f"sharded flat ({args.shards} shards) vs one flat index: identical top-{args.k} for {same:.4f} of queries, "
-          f"max score difference {np.abs(sharded_scores - exact_scores).max():.2e}")
+    print(
+        f"sharded flat ({args.shards} shards) vs one flat index: identical top-{args.k} for {same:.4f} of queries, "
+        f"max score difference {np.abs(sharded_scores - exact_scores).max():.2e}"
+    )
 
     t = time.perf_counter()
     sample = vectors[np.random.default_rng(2).permutation(args.n)[: args.train_sample]]
-    params = {"nlist": args.nlist, "nprobe": args.nprobe[0], "rerank_factor": args.rerank_factor,
-              "unit_scale": unit_scale(sample)}
+    params = {
+        "nlist": args.nlist,
+        "nprobe": args.nprobe[0],
+        "rerank_factor": args.rerank_factor,
+        "unit_scale": unit_scale(sample),
+    }
     template = trained_template("int8", "ivf", args.dim, params, sample)
     train_seconds = time.perf_counter() - t
     shards, index_bytes = build_shards(vectors, args.shards, "ivf", params, template)
     build_seconds = time.perf_counter() - t
     ivf = in_memory_index(shards, args.dim, "ivf")
-    print(f"IVF{args.nlist},SQ8_direct_signed over {args.shards} shards: build {build_seconds:.1f} s "
-          f"(train {train_seconds:.1f} s on {len(sample)} vectors), index {index_bytes / args.n:.1f} bytes/vector "
-          f"(+ {args.dim} bytes/vector of stored int8 vectors for exact re-scoring)")
+    print(
+        f"IVF{args.nlist},SQ8_direct_signed over {args.shards} shards: build {build_seconds:.1f} s "
+        f"(train {train_seconds:.1f} s on {len(sample)} vectors), index {index_bytes / args.n:.1f} bytes/vector "
+        f"(+ {args.dim} bytes/vector of stored int8 vectors for exact re-scoring)"
+    )
     results = []
     for nprobe in args.nprobe:
         t = time.perf_counter()
@@ -114,8 +134,11 @@ def main() -> None:
         qps = args.queries / (time.perf_counter() - t)
         recall = recall_at_k(ids, exact_ids, args.k)
         results.append((nprobe, qps, recall))
-        print(f"  nprobe {nprobe:4d}: recall@{args.k} vs exact {recall:.4f}, {qps:.1f} QPS "
-              f"(batch of {args.queries} queries, in-process, 2 cores)", flush=True)
+        print(
+            f"  nprobe {nprobe:4d}: recall@{args.k} vs exact {recall:.4f}, {qps:.1f} QPS "
+            f"(batch of {args.queries} queries, in-process, 2 cores)",
+            flush=True,
+        )
 
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -123,8 +146,12 @@ def main() -> None:
     for nprobe, qps, recall in results:
         ax.annotate(f"nprobe={nprobe}", (recall, qps), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.axhline(args.queries / exact_seconds, color="gray", ls="--", label="exact (flat)")
-    ax.set(xlabel=f"recall@{args.k} vs exact", ylabel="QPS", yscale="log",
-           title=f"IVF{args.nlist} int8, {args.n:,} x {args.dim}, {args.shards} shards")
+    ax.set(
+        xlabel=f"recall@{args.k} vs exact",
+        ylabel="QPS",
+        yscale="log",
+        title=f"IVF{args.nlist} int8, {args.n:,} x {args.dim}, {args.shards} shards",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)

@@ -39,13 +39,16 @@ def write_corpus(dataset, ids: list[str], folder: Path) -> str:
 
 
 def pipeline(corpus: str, output: str, model: str, shard_size: int) -> tuple[float, object]:
-    summary = build_index(IndexJobConfig(input=corpus, output=output, model=model, shard_size=shard_size,
-                                         show_progress=False))
+    summary = build_index(
+        IndexJobConfig(input=corpus, output=output, model=model, shard_size=shard_size, show_progress=False)
+    )
     return summary.embedded / summary.encode_seconds, summary
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default=str(SCIFACT))
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--docs", type=int, help="only the first N documents")
@@ -54,12 +57,13 @@ def main() -> None:
 
     dataset = load_beir(args.data)
     ids = dataset.doc_ids()[: args.docs]
-    texts = [t for i, t in zip(dataset.doc_ids(), dataset.doc_texts(), strict=True)][: len(ids)]
+    texts = dataset.doc_texts()[: len(ids)]
     ray.init(ignore_reinit_error=True, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         corpus = write_corpus(dataset, ids, tmp)
-        warm = write_corpus(dataset, ids[:200], tmp / "warm") if (tmp / "warm").mkdir() is None else None
+        (tmp / "warm").mkdir()
+        warm = write_corpus(dataset, ids[:200], tmp / "warm")
         pipeline(warm, str(tmp / "warm-index"), args.model, args.shard_size)  # starts Ray's worker processes
 
         encoder = Encoder.from_pretrained(args.model)
@@ -69,10 +73,12 @@ def main() -> None:
 
         pipeline_rate, summary = pipeline(corpus, str(tmp / "index"), args.model, args.shard_size)
         print(summary)
-        print(f"throughput ({len(ids)} docs, {Path(args.model).name}, int8, this machine): pipeline encode stage "
-              f"{pipeline_rate:.1f} docs/s, single-process Encoder.encode {single_rate:.1f} docs/s, "
-              f"ratio {pipeline_rate / single_rate:.3f} (whole job incl. read/shards/manifest: "
-              f"{summary.docs_per_second:.1f} docs/s)")
+        print(
+            f"throughput ({len(ids)} docs, {Path(args.model).name}, int8, this machine): pipeline encode stage "
+            f"{pipeline_rate:.1f} docs/s, single-process Encoder.encode {single_rate:.1f} docs/s, "
+            f"ratio {pipeline_rate / single_rate:.3f} (whole job incl. read/shards/manifest: "
+            f"{summary.docs_per_second:.1f} docs/s)"
+        )
 
         queries = dataset.judged_queries()
         query_vectors = encoder.encode(list(queries.values()), quantization="int8")
@@ -83,13 +89,17 @@ def main() -> None:
 
         index = ShardedIndex.open(tmp / "index", model=encoder)
         scores, hits = index.search(list(queries.values()), k=10)
-        run = {qid: {d: float(s) for d, s in zip(row_ids, row, strict=True) if d is not None}
-               for qid, row_ids, row in zip(queries, hits, scores, strict=True)}
+        run = {
+            qid: {d: float(s) for d, s in zip(row_ids, row, strict=True) if d is not None}
+            for qid, row_ids, row in zip(queries, hits, scores, strict=True)
+        }
         index_ndcg = evaluate_run(dataset.qrels, run, (10,))[0]["ndcg@10"]
         same = np.mean([set(run[q]) == set(exact_run[q]) for q in queries])
-        print(f"quality ({len(queries)} judged queries, {len(ids)} docs, {len(index.manifest['shards'])} shards): "
-              f"ShardedIndex nDCG@10 {index_ndcg:.4f}, in-memory exact nDCG@10 {exact_ndcg:.4f}, "
-              f"difference {abs(index_ndcg - exact_ndcg):.4f}; identical top-10 sets for {same:.4f} of queries")
+        print(
+            f"quality ({len(queries)} judged queries, {len(ids)} docs, {len(index.manifest['shards'])} shards): "
+            f"ShardedIndex nDCG@10 {index_ndcg:.4f}, in-memory exact nDCG@10 {exact_ndcg:.4f}, "
+            f"difference {abs(index_ndcg - exact_ndcg):.4f}; identical top-10 sets for {same:.4f} of queries"
+        )
 
 
 if __name__ == "__main__":

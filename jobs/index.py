@@ -22,9 +22,13 @@ DEFAULT_OUTPUT = "outputs/index"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", help="YAML file with IndexJobConfig fields (flags override it)")
-    parser.add_argument("--input", help="jsonl/parquet file or folder, any fsspec URL (default: bundled Cranfield)")
+    parser.add_argument(
+        "--input", help="jsonl/parquet file or folder, any fsspec URL (default: bundled Cranfield)"
+    )
     parser.add_argument("--output", help=f"index root URL (default: {DEFAULT_OUTPUT})")
     parser.add_argument("--model", help="checkpoint folder or URL (default: all-MiniLM-L6-v2)")
     parser.add_argument("--quantization", choices=["int8", "binary", "float"])
@@ -34,7 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--id-column")
     parser.add_argument("--text-column")
     parser.add_argument("--title-column")
-    parser.add_argument("--chunk-tokens", type=int, help="late chunking: embed each doc once, pool N-token chunks")
+    parser.add_argument(
+        "--chunk-tokens", type=int, help="late chunking: embed each doc once, pool N-token chunks"
+    )
     parser.add_argument("--actors", type=int, help="encoder actors")
     parser.add_argument("--cpus-per-actor", type=float)
     parser.add_argument("--gpus-per-actor", type=float)
@@ -64,8 +70,10 @@ def evaluate_sample(output: str) -> dict[str, float]:
     dataset = load_beir(str(SAMPLE_DATASET))
     queries = dataset.judged_queries()
     scores, ids = ShardedIndex.open(output).search(list(queries.values()), k=100)
-    run = {qid: {d: float(s) for d, s in zip(row_ids, row, strict=True) if d is not None}
-           for qid, row_ids, row in zip(queries, ids, scores, strict=True)}
+    run = {
+        qid: {d: float(s) for d, s in zip(row_ids, row, strict=True) if d is not None}
+        for qid, row_ids, row in zip(queries, ids, scores, strict=True)
+    }
     means, _ = evaluate_run(dataset.qrels, run, k_values=(10, 100))
     return means
 
@@ -77,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     print(summary)
     if cfg.input == str(SAMPLE_DATASET / "corpus.jsonl") and cfg.chunk_tokens is None:
         means = evaluate_sample(cfg.output)
-        print(f"retrieval on the bundled sample ({SAMPLE_DATASET.name}): nDCG@10 {means['ndcg@10']:.4f}, "
-              f"recall@100 {means['recall@100']:.4f}, MRR@10 {means['mrr@10']:.4f}")
+        print(
+            f"retrieval on the bundled sample ({SAMPLE_DATASET.name}): nDCG@10 {means['ndcg@10']:.4f}, "
+            f"recall@100 {means['recall@100']:.4f}, MRR@10 {means['mrr@10']:.4f}"
+        )
     return 0
 
 

@@ -52,7 +52,11 @@ def test_kuberay_cluster_and_nightly_rayjob():
     rayjob = yaml.safe_load(configmap["data"]["rayjob.yaml"])
     assert (rayjob["apiVersion"], rayjob["kind"]) == ("ray.io/v1", "RayJob")
     assert rayjob["spec"]["shutdownAfterJobFinishes"] is True
-    cfg = job.config_from_args(job.parse_args(index_args(rayjob["spec"]["entrypoint"])))  # validated like a run
+    cfg = job.config_from_args(
+        job.parse_args(index_args(rayjob["spec"]["entrypoint"]))
+    )  # validated like a run
     assert cfg.input.startswith("s3://") and cfg.gpus_per_actor == 1
-    text = (ROOT / "infra" / "nightly-reindex.yaml").read_text() + (ROOT / "infra" / "raycluster.yaml").read_text()
+    text = (ROOT / "infra" / "nightly-reindex.yaml").read_text() + (
+        ROOT / "infra" / "raycluster.yaml"
+    ).read_text()
     assert "AWS_SECRET_ACCESS_KEY" not in text and "secretRef" in text

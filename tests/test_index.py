@@ -47,15 +47,23 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
 
 
 def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:
-    values = dict(input=input_url, output=output_url, model=str(model), shard_size=100, batch_rows=64,
-                  show_progress=False)
+    values = dict(
+        input=input_url,
+        output=output_url,
+        model=str(model),
+        shard_size=100,
+        batch_rows=64,
+        show_progress=False,
+    )
     return IndexJobConfig(**(values | overrides))
 
 
 def shard_tables(url: str) -> list[pa.Table]:
     manifest = ShardedIndex.open(url).manifest
-    return [pq.read_table(io.BytesIO(storage.read_bytes(storage.join(manifest["base"], f"{s['name']}.parquet"))))
-            for s in manifest["shards"]]
+    return [
+        pq.read_table(io.BytesIO(storage.read_bytes(storage.join(manifest["base"], f"{s['name']}.parquet"))))
+        for s in manifest["shards"]
+    ]
 
 
 def all_ids(url: str) -> list[str]:
@@ -147,9 +155,24 @@ def test_killed_run_resumes_without_reencoding_finished_parts(ray_cluster, tmp_p
     output = tmp_path / "index"
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
     job = subprocess.Popen(
-        [sys.executable, str(ROOT / "jobs" / "index.py"), "--input", corpus, "--output", str(output),
-         "--model", str(model), "--no-progress", "--config", str(write_yaml(tmp_path, batch_rows=8))],
-        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "index.py"),
+            "--input",
+            corpus,
+            "--output",
+            str(output),
+            "--model",
+            str(model),
+            "--no-progress",
+            "--config",
+            str(write_yaml(tmp_path, batch_rows=8)),
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     staging = output / "_staging"
     deadline = time.time() + 240
@@ -192,11 +215,19 @@ def test_bad_rows_are_counted_and_written_to_rejects(ray_cluster, tmp_path, mode
     corpus.write_bytes(b"\n".join(lines) + b"\n")
     summary = build_index(config(str(corpus), str(tmp_path / "index"), model, max_text_chars=4000))
     assert summary.docs_in == 27 and summary.rejected == 8 and summary.embedded == 19
-    assert summary.rejects_by_reason == {"missing id": 1, "duplicate id": 2, "null text": 1, "non-string text": 1,
-                                         "undecodable bytes": 1, "text over 4000 chars": 1, "invalid json": 1}
+    assert summary.rejects_by_reason == {
+        "missing id": 1,
+        "duplicate id": 2,
+        "null text": 1,
+        "non-string text": 1,
+        "undecodable bytes": 1,
+        "text over 4000 chars": 1,
+        "invalid json": 1,
+    }
     rejects = [json.loads(line) for line in Path(summary.rejects_url).read_text().splitlines()]
     assert sorted(r["reason"] for r in rejects) == sorted(
-        r for r, n in summary.rejects_by_reason.items() for _ in range(n))
+        r for r, n in summary.rejects_by_reason.items() for _ in range(n)
+    )
     assert {r["id"] for r in rejects if r["reason"] == "duplicate id"} == {good[0]["_id"]}
     assert all(r["line"] for r in rejects)
     assert "8 rejected" in str(summary)
@@ -226,16 +257,29 @@ def test_parquet_input_every_index_type(ray_cluster, tmp_path, tiny_models, quan
     pq.write_table(table, tmp_path / "corpus.parquet")
     output = str(tmp_path / "index")
     for number, index_type in enumerate(["ivf", "hnsw", "flat"], start=1):
-        summary = build_index(config(str(tmp_path / "corpus.parquet"), output, tiny_models["pplx-embed"],
-                                     id_column="doc", text_column="body", title_column=None, dim=32,
-                                     quantization=quantization, index_type=index_type, nlist=4))
+        summary = build_index(
+            config(
+                str(tmp_path / "corpus.parquet"),
+                output,
+                tiny_models["pplx-embed"],
+                id_column="doc",
+                text_column="body",
+                title_column=None,
+                dim=32,
+                quantization=quantization,
+                index_type=index_type,
+                nlist=4,
+            )
+        )
         assert (summary.version, summary.shards) == (number, 2)
         assert summary.embedded == (160 if number == 1 else 0)  # another index type reuses the vectors
         index = ShardedIndex.open(output)
         assert index.manifest["index"]["type"] == index_type and index.manifest["dim"] == 32
         vectors = index.encode_queries([r["text"] for r in rows[:20]])
         _, ids = index.search(vectors, k=3, nprobe=4)
-        assert sum(row[0] == r["_id"] for row, r in zip(ids, rows[:20], strict=True)) >= 18  # docs find themselves
+        assert (
+            sum(row[0] == r["_id"] for row, r in zip(ids, rows[:20], strict=True)) >= 18
+        )  # docs find themselves
 
     with pytest.raises(IndexMismatchError, match=quantization):
         index.search(np.zeros((1, 32), dtype=np.float64 if quantization != "float" else np.int8), k=3)
@@ -247,7 +291,9 @@ def test_fewer_hits_than_k_are_padded(ray_cluster, tmp_path, model):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", cranfield_rows(3))
     build_index(config(corpus, str(tmp_path / "index"), model))
     scores, ids = ShardedIndex.open(tmp_path / "index").search(["wing"], k=5)
-    assert ids[0][3:] == [None, None] and np.isneginf(scores[0, 3:]).all() and np.isfinite(scores[0, :3]).all()
+    assert (
+        ids[0][3:] == [None, None] and np.isneginf(scores[0, 3:]).all() and np.isfinite(scores[0, :3]).all()
+    )
 
 
 def test_late_chunking_indexes_chunk_ids_with_offsets(ray_cluster, tmp_path, model):
@@ -263,7 +309,9 @@ def test_late_chunking_indexes_chunk_ids_with_offsets(ray_cluster, tmp_path, mod
     first = table.filter(pa.compute.equal(table.column("doc_id"), rows[0]["_id"])).to_pylist()
     assert [r["chunk"] for r in first] == list(range(len(first))) and len(first) > 1
     assert first[-1]["end"] == len(texts[rows[0]["_id"]])
-    _, ids = ShardedIndex.open(output).search([texts[rows[0]["_id"]][first[1]["start"]:first[1]["end"]]], k=3)
+    _, ids = ShardedIndex.open(output).search(
+        [texts[rows[0]["_id"]][first[1]["start"] : first[1]["end"]]], k=3
+    )
     assert any(i.startswith(rows[0]["_id"] + "#") for i in ids[0])
 
 
@@ -272,8 +320,24 @@ def test_job_cli_runs_on_a_small_corpus(ray_cluster, tmp_path, model, capsys):
     import index as job
 
     corpus = write_jsonl(tmp_path / "c.jsonl", cranfield_rows(40))
-    assert job.main(["--input", corpus, "--output", str(tmp_path / "out"), "--model", str(model),
-                     "--shard-size", "15", "--quantization", "binary", "--no-progress"]) == 0
+    assert (
+        job.main(
+            [
+                "--input",
+                corpus,
+                "--output",
+                str(tmp_path / "out"),
+                "--model",
+                str(model),
+                "--shard-size",
+                "15",
+                "--quantization",
+                "binary",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "40 docs in, 40 embedded" in capsys.readouterr().out
     assert ShardedIndex.open(tmp_path / "out").manifest["quantization"] == "binary"
     with pytest.raises(ConfigError, match="shard_size"):

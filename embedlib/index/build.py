@@ -50,22 +50,33 @@ def model_identity(model: str) -> tuple[str, int, int]:
     return encoder.weights_hash, encoder.max_length, encoder.dim
 
 
-def catalog_of(rows: ray.data.Dataset, url: str) -> pd.DataFrame:
-    """Every input row without its text (``id, content_hash, reason, source, line``), duplicates marked."""
+def read_catalog(rows: ray.data.Dataset, url: str) -> tuple[ray.data.Dataset, pd.DataFrame]:
+    """The checked rows, materialized, and every row without its text (``id, content_hash, reason, source,
+    line``) with duplicate ids marked."""
     try:
+        rows = rows.materialize()
         catalog = rows.select_columns(["id", "content_hash", "reason", "source", "line"]).to_pandas()
-    except Exception as err:  # noqa: BLE001 - read failures surface here in the streaming executor
+    except Exception as err:  # noqa: BLE001 - read failures surface here, in the streaming executor
         raise InputError(f"{url}: cannot read input ({type(err).__name__}: {str(err)[:500]})") from err
     if catalog.empty:
         raise InputError(f"{url}: input is empty (no rows)")
     valid = catalog["reason"] == ""
     catalog.loc[valid & catalog["id"].where(valid).duplicated(keep=False), "reason"] = "duplicate id"
-    return catalog
+    return rows, catalog
 
 
 def write_rejects(url: str, rejects: pd.DataFrame) -> None:
-    lines = [json.dumps({"id": r.id or None, "reason": r.reason, "source": manifests.redact_url(r.source),
-                         "line": int(r.line) if r.line >= 0 else None}) for r in rejects.itertuples()]
+    lines = [
+        json.dumps(
+            {
+                "id": r.id or None,
+                "reason": r.reason,
+                "source": manifests.redact_url(r.source),
+                "line": int(r.line) if r.line >= 0 else None,
+            }
+        )
+        for r in rejects.itertuples()
+    ]
     storage.write_bytes_atomic(url, ("\n".join(lines) + "\n").encode())
 
 
@@ -80,15 +91,20 @@ def read_vectors(url: str, files: list[str], needed: set[str]) -> pa.Table | Non
     tables = []
     for path in files:
         table = pq.read_table(path, columns=VECTOR_COLUMNS, filesystem=fs)
-        keep = np.fromiter((h in needed for h in table.column("content_hash").to_pylist()), bool, table.num_rows)
+        keep = np.fromiter(
+            (h in needed for h in table.column("content_hash").to_pylist()), bool, table.num_rows
+        )
         tables.append(table.filter(pa.array(keep)))
     return pa.concat_tables(tables) if tables else None
 
 
 def known_hashes(url: str, files: list[str]) -> set[str]:
     fs, _ = storage.filesystem(url)
-    return {h for f in files for h in pq.read_table(f, columns=["content_hash"], filesystem=fs)
-            .column("content_hash").to_pylist()}
+    return {
+        h
+        for f in files
+        for h in pq.read_table(f, columns=["content_hash"], filesystem=fs).column("content_hash").to_pylist()
+    }
 
 
 def shard_rows(docs: pd.DataFrame, vectors: pa.Table, chunked: bool) -> tuple[pd.DataFrame, np.ndarray]:
@@ -105,14 +121,18 @@ def shard_rows(docs: pd.DataFrame, vectors: pa.Table, chunked: bool) -> tuple[pd
 
 
 @ray.remote(num_cpus=0.5)
-def write_shard(base: str, name: str, table: pa.Table, template: bytes, quantization: str, dim: int,
-                params: dict) -> dict:
+def write_shard(
+    base: str, name: str, table: pa.Table, template: bytes, quantization: str, dim: int, params: dict
+) -> dict:
     """Write one shard's parquet and FAISS index; returns its manifest entry."""
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     parquet_bytes = buffer.getvalue()
-    vectors = column_matrix(table.column("vector"), output_dtype(quantization)) if table.num_rows else \
-        np.zeros((0, output_width(dim, quantization)), output_dtype(quantization))
+    vectors = (
+        column_matrix(table.column("vector"), output_dtype(quantization))
+        if table.num_rows
+        else np.zeros((0, output_width(dim, quantization)), output_dtype(quantization))
+    )
     index_bytes = shard_index(template, vectors, quantization, params)
     storage.write_bytes_atomic(storage.join(base, f"{name}.parquet"), parquet_bytes)
     storage.write_bytes_atomic(storage.join(base, f"{name}.faiss"), index_bytes)
@@ -126,9 +146,13 @@ def write_shard(base: str, name: str, table: pa.Table, template: bytes, quantiza
     }
 
 
-def encode_missing(rows: ray.data.Dataset, todo: set[str], cfg: IndexJobConfig, model: str, staging: str) -> None:
+def encode_missing(
+    rows: ray.data.Dataset, todo: set[str], cfg: IndexJobConfig, model: str, staging: str
+) -> None:
     """Encode the rows whose content hash is in ``todo`` and write them as parquet parts under ``staging``."""
-    pending = rows.filter(lambda row: row["content_hash"] in todo).select_columns(["content_hash", "title", "text"])
+    pending = rows.filter(lambda row: row["content_hash"] in todo).select_columns(
+        ["content_hash", "title", "text"]
+    )
     encoded = encode_rows(pending, cfg, model)
     filesystem = ray_filesystem(staging)
     path = storage.filesystem(staging)[1] if filesystem else storage.strip_file_scheme(staging)
@@ -145,8 +169,7 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
     ray.data.DataContext.get_current().enable_progress_bars = cfg.show_progress
 
     rows_ds, files = read_rows(cfg)
-    rows = rows_ds.materialize()
-    catalog = catalog_of(rows, cfg.input)
+    rows, catalog = read_catalog(rows_ds, cfg.input)
     weights_hash, max_length, width = model_identity(model)
     key = manifests.encoding_key(weights_hash, cfg.quantization, cfg.dim, cfg.chunk_tokens, max_length)
     dim = cfg.dim or width
@@ -164,8 +187,11 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
 
     docs = catalog.loc[catalog["reason"] == "", ["id", "content_hash"]]
     staging = storage.join(out, "_staging", key)
-    reusable = [storage.join(previous["base"], f"{s['name']}.parquet") for s in previous["shards"]] \
-        if previous and previous.get("encoding_key") == key else []
+    reusable = (
+        [storage.join(previous["base"], f"{s['name']}.parquet") for s in previous["shards"]]
+        if previous and previous.get("encoding_key") == key
+        else []
+    )
     sources = [*reusable, *(full_url(staging, f) for f in parquet_files(staging))]
     carried = known_hashes(out, sources) & set(docs["content_hash"])
     todo = set(docs["content_hash"]) - carried
@@ -179,7 +205,9 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
     index_rows, positions = shard_rows(docs, vectors, cfg.chunk_tokens is not None)
     missing = set(docs["content_hash"]) - set(index_rows["content_hash"])
     if missing:
-        raise RuntimeError(f"{len(missing)} documents have no vector after encoding (e.g. {sorted(missing)[:3]})")
+        raise RuntimeError(
+            f"{len(missing)} documents have no vector after encoding (e.g. {sorted(missing)[:3]})"
+        )
     matrix = column_matrix(vectors.column("vector"), output_dtype(cfg.quantization))[positions]
 
     sample = matrix[np.random.default_rng(0).permutation(len(matrix))[: cfg.train_sample]]
@@ -193,8 +221,9 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         take = np.flatnonzero(shard_of == shard)
         table = pa.Table.from_pandas(index_rows.loc[take, columns], preserve_index=False)
         table = table.append_column("vector", vectors_column(matrix[take]))
-        pending.append(write_shard.remote(base, f"shard-{shard:05d}", table, template_ref, cfg.quantization, dim,
-                                           params))
+        pending.append(
+            write_shard.remote(base, f"shard-{shard:05d}", table, template_ref, cfg.quantization, dim, params)
+        )
     shards = [ray.get(ref) for ref in tqdm(pending, desc="write shards", disable=not cfg.show_progress)]
 
     manifest = {
@@ -202,7 +231,11 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         "version": version,
         "path": manifests.version_name(version),
         "created_at": datetime.now(UTC).isoformat(),
-        "model": {"source": manifests.redact_url(model), "weights_hash": weights_hash, "max_length": max_length},
+        "model": {
+            "source": manifests.redact_url(model),
+            "weights_hash": weights_hash,
+            "max_length": max_length,
+        },
         "encoding_key": key,
         "quantization": cfg.quantization,
         "dim": dim,
@@ -210,9 +243,15 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         "index": {"type": cfg.index_type, "params": params},
         "input": input_snapshot(cfg.input, files) | {"url": manifests.redact_url(cfg.input)},
         "shards": shards,
-        "counts": {"docs_in": len(catalog), "docs": len(docs), "rows": len(index_rows), "rejected": len(rejects),
-                   "rejects_by_reason": counts, "embedded": int(docs["content_hash"].isin(todo).sum()),
-                   "carried_over": int(docs["content_hash"].isin(carried).sum())},
+        "counts": {
+            "docs_in": len(catalog),
+            "docs": len(docs),
+            "rows": len(index_rows),
+            "rejected": len(rejects),
+            "rejects_by_reason": counts,
+            "embedded": int(docs["content_hash"].isin(todo).sum()),
+            "carried_over": int(docs["content_hash"].isin(carried).sum()),
+        },
         "rejects": "rejects.jsonl" if rejects_url else None,
     }
     manifests.publish(out, manifest)
@@ -224,11 +263,20 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
     total_bytes = sum(s["bytes"] for s in shards)
     truncated = int(((index_rows["tokens"] >= max_length) & (index_rows["chunk"] == 0)).sum())
     return IndexSummary(
-        url=manifests.redact_url(out), version=version, docs_in=len(catalog),
-        embedded=manifest["counts"]["embedded"], carried_over=manifest["counts"]["carried_over"],
-        rejected=len(rejects), rejects_by_reason=counts, rejects_url=rejects_url, shards=len(shards),
-        rows=len(index_rows), bytes_per_doc=total_bytes / max(1, len(docs)),
-        seconds=time.perf_counter() - started, encode_seconds=encode_seconds, truncated=truncated,
+        url=manifests.redact_url(out),
+        version=version,
+        docs_in=len(catalog),
+        embedded=manifest["counts"]["embedded"],
+        carried_over=manifest["counts"]["carried_over"],
+        rejected=len(rejects),
+        rejects_by_reason=counts,
+        rejects_url=rejects_url,
+        shards=len(shards),
+        rows=len(index_rows),
+        bytes_per_doc=total_bytes / max(1, len(docs)),
+        seconds=time.perf_counter() - started,
+        encode_seconds=encode_seconds,
+        truncated=truncated,
     )
 
 

@@ -74,8 +74,19 @@ class IndexJobConfig:
             raise ConfigError(f"index_type: must be one of {INDEX_TYPES}, got {self.index_type!r}")
         if self.input_format not in INPUT_FORMATS:
             raise ConfigError(f"input_format: must be one of {INPUT_FORMATS}, got {self.input_format!r}")
-        positive = ("shard_size", "max_text_chars", "actors", "batch_rows", "max_tokens_per_batch", "nprobe",
-                    "hnsw_m", "ef_search", "train_sample", "rerank_factor", "keep_versions")
+        positive = (
+            "shard_size",
+            "max_text_chars",
+            "actors",
+            "batch_rows",
+            "max_tokens_per_batch",
+            "nprobe",
+            "hnsw_m",
+            "ef_search",
+            "train_sample",
+            "rerank_factor",
+            "keep_versions",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -35,13 +35,21 @@ def tokenizer_only_encoder(model: str) -> Encoder:
     config = read_checkpoint_config(folder, model)
     tokenizer = load_tokenizer(folder)
     max_length = checkpoint_max_length(folder, tokenizer, config)
-    return Encoder(Backbone(model=None, tokenizer=tokenizer, source=model, max_length=max_length, is_decoder=False))
+    return Encoder(
+        Backbone(model=None, tokenizer=tokenizer, source=model, max_length=max_length, is_decoder=False)
+    )
 
 
 def content_offsets(encoder: Encoder, texts: list[str]) -> list[np.ndarray]:
     """Character ``(start, end)`` of every token (special tokens get ``(0, 0)``), truncated like ``tokenize``."""
-    encoded = encoder.tokenizer(texts, truncation=True, max_length=encoder.max_length, return_offsets_mapping=True,
-                                return_attention_mask=False, return_token_type_ids=False)
+    encoded = encoder.tokenizer(
+        texts,
+        truncation=True,
+        max_length=encoder.max_length,
+        return_offsets_mapping=True,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )
     return [np.asarray(o, dtype=np.int32).reshape(-1, 2) for o in encoded["offset_mapping"]]
 
 
@@ -55,7 +63,9 @@ def tokenize_batch(batch: dict[str, np.ndarray], model: str, chunked: bool) -> p
         "input_ids": pa.array(ids, pa.list_(pa.int32())),
     }
     if chunked:
-        columns["offsets"] = pa.array([o.ravel() for o in content_offsets(encoder, texts)], pa.list_(pa.int32()))
+        columns["offsets"] = pa.array(
+            [o.ravel() for o in content_offsets(encoder, texts)], pa.list_(pa.int32())
+        )
     return pa.table(columns)
 
 
@@ -86,8 +96,17 @@ def column_matrix(column: pa.ChunkedArray | pa.Array, dtype: np.dtype) -> np.nda
 class EncoderActor:
     """One model per actor; turns tokenized rows into quantized vectors, batching by token budget."""
 
-    def __init__(self, model: str, quantization: str, dim: int | None, chunk_tokens: int | None,
-                 max_tokens_per_batch: int, torch_threads: int | None, device: str | None, dtype: str | None):
+    def __init__(
+        self,
+        model: str,
+        quantization: str,
+        dim: int | None,
+        chunk_tokens: int | None,
+        max_tokens_per_batch: int,
+        torch_threads: int | None,
+        device: str | None,
+        dtype: str | None,
+    ):
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.encoder = Encoder.from_pretrained(model, device=device, dtype=dtype)
@@ -115,9 +134,12 @@ class EncoderActor:
                 continue
             states = self.encoder.token_states(input_ids, mask).float()
             for row, index in enumerate(rows):
-                spans = chunk_spans(np.asarray(offsets[index], dtype=np.int32).reshape(-1, 2), self.chunk_tokens)
-                pooled = torch.stack([mean_pool(states[row : row + 1, pos], torch.ones(1, len(pos)))[0]
-                                      for pos, _, _ in spans])
+                spans = chunk_spans(
+                    np.asarray(offsets[index], dtype=np.int32).reshape(-1, 2), self.chunk_tokens
+                )
+                pooled = torch.stack(
+                    [mean_pool(states[row : row + 1, pos], torch.ones(1, len(pos)))[0] for pos, _, _ in spans]
+                )
                 vectors.append(quantize(truncate(pooled, self.dim), self.quantization))
                 for chunk, (_, start, end) in enumerate(spans):
                     out["content_hash"].append(hashes[index])
@@ -139,8 +161,13 @@ def encode_rows(rows: ray.data.Dataset, cfg: IndexJobConfig, model: str) -> ray.
     """``content_hash, title, text`` rows -> encoded rows (lazy; the caller writes them)."""
     rows = rows.repartition(target_num_rows_per_block=cfg.batch_rows)  # parts land every batch_rows rows
     # Tokenization asks for fewer CPUs than the actors, so Ray Data runs it as separate tasks (no fusion).
-    tokens = rows.map_batches(tokenize_batch, batch_format="numpy", batch_size=cfg.batch_rows, num_cpus=0.25,
-                              fn_kwargs=dict(model=model, chunked=cfg.chunk_tokens is not None))  # CPU tasks
+    tokens = rows.map_batches(
+        tokenize_batch,
+        batch_format="numpy",
+        batch_size=cfg.batch_rows,
+        num_cpus=0.25,
+        fn_kwargs=dict(model=model, chunked=cfg.chunk_tokens is not None),
+    )  # CPU tasks
     return tokens.map_batches(
         EncoderActor,
         batch_format="pyarrow",
@@ -148,8 +175,14 @@ def encode_rows(rows: ray.data.Dataset, cfg: IndexJobConfig, model: str) -> ray.
         compute=ray.data.ActorPoolStrategy(size=cfg.actors),
         num_cpus=cfg.cpus_per_actor,
         num_gpus=cfg.gpus_per_actor,
-        fn_constructor_kwargs=dict(model=model, quantization=cfg.quantization, dim=cfg.dim,
-                                   chunk_tokens=cfg.chunk_tokens, max_tokens_per_batch=cfg.max_tokens_per_batch,
-                                   torch_threads=None if cfg.gpus_per_actor else default_torch_threads(cfg),
-                                   device=cfg.device, dtype=cfg.dtype),
+        fn_constructor_kwargs=dict(
+            model=model,
+            quantization=cfg.quantization,
+            dim=cfg.dim,
+            chunk_tokens=cfg.chunk_tokens,
+            max_tokens_per_batch=cfg.max_tokens_per_batch,
+            torch_threads=None if cfg.gpus_per_actor else default_torch_threads(cfg),
+            device=cfg.device,
+            dtype=cfg.dtype,
+        ),
     )

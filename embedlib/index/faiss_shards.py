@@ -46,16 +46,18 @@ def faiss_queries(queries: np.ndarray, quantization: str, params: dict) -> np.nd
     return np.ascontiguousarray(queries, dtype=np.uint8) if quantization == "binary" else normalized(queries)
 
 
-def default_params(index_type: str, quantization: str, width: int, sample: np.ndarray, total_rows: int,
-                   cfg) -> dict:
+def default_params(
+    index_type: str, quantization: str, width: int, sample: np.ndarray, total_rows: int, cfg
+) -> dict:
     """Index parameters for a corpus of ``total_rows`` (``sample`` drawn from it); ``cfg`` fields override."""
     params: dict = {"unit_scale": unit_scale(sample)} if quantization == "int8" else {}
     if index_type == "ivf":
         params["nlist"] = cfg.nlist or max(1, min(int(4 * math.sqrt(total_rows)), total_rows // 39 or 1))
         params["nprobe"] = cfg.nprobe
         if quantization == "float":
-            params["pq_m"] = cfg.pq_m or next(m for m in (width // 8, width // 4, width // 2, width)
-                                              if m >= 1 and width % m == 0)
+            params["pq_m"] = cfg.pq_m or next(
+                m for m in (width // 8, width // 4, width // 2, width) if m >= 1 and width % m == 0
+            )
     if index_type == "hnsw":
         params["hnsw_m"] = cfg.hnsw_m
         params["ef_search"] = cfg.ef_search
@@ -96,7 +98,9 @@ def serialize(index) -> bytes:
 
 def deserialize(data: bytes, quantization: str):
     array = np.frombuffer(data, dtype=np.uint8)
-    return faiss.deserialize_index_binary(array) if quantization == "binary" else faiss.deserialize_index(array)
+    return (
+        faiss.deserialize_index_binary(array) if quantization == "binary" else faiss.deserialize_index(array)
+    )
 
 
 def trained_template(quantization: str, index_type: str, dim: int, params: dict, sample: np.ndarray) -> bytes:
@@ -157,12 +161,15 @@ def rescore(queries: np.ndarray, vectors: np.ndarray, candidates: np.ndarray, qu
     for row in range(len(queries)):
         valid = candidates[row] >= 0
         if valid.any():
-            scores[row, valid] = similarity(queries[row : row + 1], vectors[candidates[row, valid]], quantization)[0]
+            scores[row, valid] = similarity(
+                queries[row : row + 1], vectors[candidates[row, valid]], quantization
+            )[0]
     return top_k(scores, candidates, k)
 
 
-def search_shard(index, vectors: np.ndarray, queries: np.ndarray, k: int, quantization: str, index_type: str,
-                 params: dict) -> tuple[np.ndarray, np.ndarray]:
+def search_shard(
+    index, vectors: np.ndarray, queries: np.ndarray, k: int, quantization: str, index_type: str, params: dict
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` ``(scores, positions)`` of one shard for stored-form queries, with exact scores."""
     if len(vectors) == 0:
         return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)

@@ -38,8 +38,9 @@ def version_name(version: int) -> str:
     return f"v{version:06d}"
 
 
-def encoding_key(weights_hash: str, quantization: str, dim: int | None, chunk_tokens: int | None,
-                 max_length: int) -> str:
+def encoding_key(
+    weights_hash: str, quantization: str, dim: int | None, chunk_tokens: int | None, max_length: int
+) -> str:
     """What decides whether an embedding can be reused: model weights and how vectors were made from them."""
     spec = json.dumps([weights_hash, quantization, dim, chunk_tokens, max_length])
     return hashlib.sha256(spec.encode()).hexdigest()[:24]
@@ -59,7 +60,9 @@ def read_manifest(url: str) -> dict:
     except (OSError, json.JSONDecodeError) as err:
         raise ManifestError(f"{manifest_url}: unreadable manifest ({err})") from err
     if manifest.get("format") != FORMAT:
-        raise ManifestError(f"{manifest_url}: not an embedlib index manifest (format {manifest.get('format')!r})")
+        raise ManifestError(
+            f"{manifest_url}: not an embedlib index manifest (format {manifest.get('format')!r})"
+        )
     root = manifest_url.rsplit("/", 1)[0]
     name = root.rsplit("/", 1)[-1]
     manifest["base"] = root if VERSION_DIR.match(name) else storage.join(root, manifest["path"])

@@ -37,7 +37,9 @@ def input_format(cfg: IndexJobConfig, files: list[str]) -> str:
         return "parquet"
     if all(f.endswith(JSONL_SUFFIXES) for f in files):
         return "jsonl"
-    raise InputError(f"{cfg.input}: cannot tell the format of {files[:3]}; set input_format to jsonl or parquet")
+    raise InputError(
+        f"{cfg.input}: cannot tell the format of {files[:3]}; set input_format to jsonl or parquet"
+    )
 
 
 def list_input_files(url: str, fmt: str = "auto") -> list[str]:
@@ -48,7 +50,9 @@ def list_input_files(url: str, fmt: str = "auto") -> list[str]:
             return [path]
         if not fs.isdir(path):
             raise InputError(f"{url}: no such file or folder")
-        suffixes = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES}.get(fmt, JSONL_SUFFIXES + PARQUET_SUFFIXES)
+        suffixes = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES}.get(
+            fmt, JSONL_SUFFIXES + PARQUET_SUFFIXES
+        )
         files = sorted(f for f in fs.find(path) if f.endswith(suffixes))
     except InputError:
         raise
@@ -107,8 +111,9 @@ def rows_table(records: list[tuple], max_chars: int) -> dict[str, np.ndarray]:
     return {k: np.array(v, dtype=np.int64 if k == "line" else object) for k, v in out.items()}
 
 
-def parse_jsonl_files(batch: dict[str, np.ndarray], id_column: str, text_column: str, title_column: str | None,
-                      max_chars: int) -> dict[str, np.ndarray]:
+def parse_jsonl_files(
+    batch: dict[str, np.ndarray], id_column: str, text_column: str, title_column: str | None, max_chars: int
+) -> dict[str, np.ndarray]:
     """One jsonl file's bytes -> checked rows (one per non-blank line)."""
     records = []
     for data, path in zip(batch["bytes"], batch["path"], strict=True):
@@ -138,21 +143,26 @@ def try_json(line: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def check_parquet_batch(batch: pa.Table, id_column: str, text_column: str, title_column: str | None,
-                        max_chars: int) -> dict[str, np.ndarray]:
+def check_parquet_batch(
+    batch: pa.Table, id_column: str, text_column: str, title_column: str | None, max_chars: int
+) -> dict[str, np.ndarray]:
     """A parquet batch -> checked rows (a missing text column rejects every row as null text)."""
     n = batch.num_rows
     ids = batch.column(id_column).to_pylist() if id_column in batch.column_names else [None] * n
     texts = batch.column(text_column).to_pylist() if text_column in batch.column_names else [None] * n
-    titles = (batch.column(title_column).to_pylist() if title_column and title_column in batch.column_names
-              else [None] * n)
+    titles = (
+        batch.column(title_column).to_pylist()
+        if title_column and title_column in batch.column_names
+        else [None] * n
+    )
     paths = batch.column("path").to_pylist() if "path" in batch.column_names else [""] * n
     records = [(i, ti, te, p, -1, None) for i, ti, te, p in zip(ids, titles, texts, paths, strict=True)]
     return rows_table(records, max_chars)
 
 
 def input_snapshot(url: str, files: list[str]) -> dict:
-    """What the input was when read: each file's size and etag/mtime, and one hash over them."""
+    """What the input was when read: each file's size and etag/mtime, and one hash over them (no URL: the
+    caller records it redacted)."""
     fs, _ = storage.filesystem(url)
     entries = []
     for path in files:
@@ -160,8 +170,7 @@ def input_snapshot(url: str, files: list[str]) -> dict:
         stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
         entries.append({"path": path, "size": int(info.get("size") or 0), "stamp": str(stamp).strip('"')})
     digest = hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
-    return {"url": storage.public_url(url) if hasattr(storage, "public_url") else url, "files": entries,
-            "sha256": digest}
+    return {"files": entries, "sha256": digest}
 
 
 def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
@@ -173,12 +182,21 @@ def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
     try:
         if fmt == "jsonl":
             ds = ray.data.read_binary_files(files, include_paths=True, filesystem=filesystem)
-            ds = ds.map_batches(parse_jsonl_files, batch_size=1, batch_format="numpy", num_cpus=0.5,
-                                fn_kwargs=dict(id_column=cfg.id_column or "_id", **kwargs))
+            ds = ds.map_batches(
+                parse_jsonl_files,
+                batch_size=1,
+                batch_format="numpy",
+                num_cpus=0.5,
+                fn_kwargs=dict(id_column=cfg.id_column or "_id", **kwargs),
+            )
         else:
             ds = ray.data.read_parquet(files, include_paths=True, filesystem=filesystem)
-            ds = ds.map_batches(check_parquet_batch, batch_format="pyarrow", num_cpus=0.5,
-                                fn_kwargs=dict(id_column=cfg.id_column or "id", **kwargs))
+            ds = ds.map_batches(
+                check_parquet_batch,
+                batch_format="pyarrow",
+                num_cpus=0.5,
+                fn_kwargs=dict(id_column=cfg.id_column or "id", **kwargs),
+            )
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
         raise InputError(f"{cfg.input}: cannot read input ({type(err).__name__}: {err})") from err
     return ds, files

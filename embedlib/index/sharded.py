@@ -40,8 +40,9 @@ def read_checked(url: str, sha256: str) -> bytes:
 class Shard:
     """One shard in memory: its FAISS index, stored vectors (for exact scores) and ids."""
 
-    def __init__(self, ids: list[str], vectors: np.ndarray, index, quantization: str, index_type: str,
-                 params: dict):
+    def __init__(
+        self, ids: list[str], vectors: np.ndarray, index, quantization: str, index_type: str, params: dict
+    ):
         self.ids, self.vectors, self.index = ids, vectors, index
         self.quantization, self.index_type, self.params = quantization, index_type, dict(params)
 
@@ -49,19 +50,28 @@ class Shard:
     def load(cls, base: str, entry: dict, manifest: dict) -> Shard:
         """Read one shard of ``manifest`` from storage, checking both files against their checksums."""
         quantization = manifest["quantization"]
-        table = pq.read_table(io.BytesIO(read_checked(storage.join(base, f"{entry['name']}.parquet"),
-                                                      entry["parquet_sha256"])), columns=["id", "vector"])
+        table = pq.read_table(
+            io.BytesIO(read_checked(storage.join(base, f"{entry['name']}.parquet"), entry["parquet_sha256"])),
+            columns=["id", "vector"],
+        )
         ids = table.column("id").to_pylist()
         width = output_width(manifest["dim"], quantization)
-        vectors = (column_matrix(table.column("vector"), output_dtype(quantization)) if ids
-                   else np.zeros((0, width), output_dtype(quantization)))
-        index = deserialize(read_checked(storage.join(base, f"{entry['name']}.faiss"), entry["faiss_sha256"]),
-                            quantization)
+        vectors = (
+            column_matrix(table.column("vector"), output_dtype(quantization))
+            if ids
+            else np.zeros((0, width), output_dtype(quantization))
+        )
+        index = deserialize(
+            read_checked(storage.join(base, f"{entry['name']}.faiss"), entry["faiss_sha256"]), quantization
+        )
         return cls(ids, vectors, index, quantization, manifest["index"]["type"], manifest["index"]["params"])
 
-    def search(self, queries: np.ndarray, k: int, overrides: dict) -> tuple[np.ndarray, list[list[str | None]]]:
-        scores, positions = search_shard(self.index, self.vectors, queries, k, self.quantization, self.index_type,
-                                         self.params | overrides)
+    def search(
+        self, queries: np.ndarray, k: int, overrides: dict
+    ) -> tuple[np.ndarray, list[list[str | None]]]:
+        scores, positions = search_shard(
+            self.index, self.vectors, queries, k, self.quantization, self.index_type, self.params | overrides
+        )
         return scores, [[self.ids[p] if p >= 0 else None for p in row] for row in positions]
 
 
@@ -72,7 +82,9 @@ class ShardActor:
     def __init__(self, base: str, entry: dict, manifest: dict):
         self.shard = Shard.load(base, entry, manifest)
 
-    def search(self, queries: np.ndarray, k: int, overrides: dict) -> tuple[np.ndarray, list[list[str | None]]]:
+    def search(
+        self, queries: np.ndarray, k: int, overrides: dict
+    ) -> tuple[np.ndarray, list[list[str | None]]]:
         return self.shard.search(queries, k, overrides)
 
 
@@ -86,8 +98,12 @@ class ShardedIndex:
         self._encoder = encoder
 
     @classmethod
-    def open(cls, url: str | os.PathLike, model: str | os.PathLike | Encoder | None = None,
-             use_ray: bool | None = None) -> ShardedIndex:
+    def open(
+        cls,
+        url: str | os.PathLike,
+        model: str | os.PathLike | Encoder | None = None,
+        use_ray: bool | None = None,
+    ) -> ShardedIndex:
         """Open the current version at an index root (or a specific ``vNNNNNN`` folder / manifest file).
 
         ``model`` overrides where the query encoder is loaded from (it must have the index's weights).
@@ -118,19 +134,24 @@ class ShardedIndex:
     def __len__(self) -> int:
         return sum(s["rows"] for s in self.manifest["shards"])
 
-    def check_compatible(self, weights_hash: str | None = None, quantization: str | None = None,
-                         dim: int | None = None) -> None:
+    def check_compatible(
+        self, weights_hash: str | None = None, quantization: str | None = None, dim: int | None = None
+    ) -> None:
         """Refuse (``IndexMismatchError``) queries made by another model, quantization or width."""
         model = self.manifest["model"]
         if weights_hash is not None and weights_hash != model["weights_hash"]:
             raise IndexMismatchError(
                 f"index {self.manifest['base']} was built with model {model['source']} (weights "
-                f"{model['weights_hash'][:12]}), queries come from weights {weights_hash[:12]}")
+                f"{model['weights_hash'][:12]}), queries come from weights {weights_hash[:12]}"
+            )
         if quantization is not None and quantization != self.quantization:
-            raise IndexMismatchError(f"index {self.manifest['base']} holds {self.quantization} vectors, "
-                                     f"queries are {quantization}")
+            raise IndexMismatchError(
+                f"index {self.manifest['base']} holds {self.quantization} vectors, queries are {quantization}"
+            )
         if dim is not None and dim != self.dim:
-            raise IndexMismatchError(f"index {self.manifest['base']} has dim {self.dim}, queries have dim {dim}")
+            raise IndexMismatchError(
+                f"index {self.manifest['base']} has dim {self.dim}, queries have dim {dim}"
+            )
 
     def set_encoder(self, encoder: Encoder) -> None:
         self.check_compatible(weights_hash=encoder.weights_hash)
@@ -155,16 +176,26 @@ class ShardedIndex:
         expected = output_dtype(self.quantization)
         width = output_width(self.dim, self.quantization)
         kind = {"int8": "int8", "binary": "uint8 (packed binary)", "float": "float32"}[self.quantization]
-        if queries.ndim != 2 or queries.shape[1] != width or (
-            queries.dtype != expected and not (self.quantization == "float" and queries.dtype.kind == "f")
+        if (
+            queries.ndim != 2
+            or queries.shape[1] != width
+            or (
+                queries.dtype != expected and not (self.quantization == "float" and queries.dtype.kind == "f")
+            )
         ):
             raise IndexMismatchError(
                 f"index {self.manifest['base']} is {self.quantization} with dim {self.dim}: query vectors must be "
-                f"{kind} with {width} columns, got {queries.dtype} with shape {queries.shape}")
+                f"{kind} with {width} columns, got {queries.dtype} with shape {queries.shape}"
+            )
         return queries
 
-    def search(self, queries: Sequence[str] | np.ndarray, k: int, nprobe: int | None = None,
-               ef_search: int | None = None) -> tuple[np.ndarray, list[list[str | None]]]:
+    def search(
+        self,
+        queries: Sequence[str] | np.ndarray,
+        k: int,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+    ) -> tuple[np.ndarray, list[list[str | None]]]:
         """Top-``k`` ``(scores, ids)`` per query, best first (texts are encoded with the manifest's model)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -180,8 +211,9 @@ class ShardedIndex:
         return merge_results(results, len(vectors), k)
 
 
-def merge_results(results: list[tuple[np.ndarray, list[list[str | None]]]], n: int,
-                  k: int) -> tuple[np.ndarray, list[list[str | None]]]:
+def merge_results(
+    results: list[tuple[np.ndarray, list[list[str | None]]]], n: int, k: int
+) -> tuple[np.ndarray, list[list[str | None]]]:
     """Merge per-shard top-k lists into one (ties: earlier shard first, as one unsharded index orders them)."""
     if not results:
         return np.full((n, k), -np.inf, np.float32), [[None] * k for _ in range(n)]
