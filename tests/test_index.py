@@ -175,7 +175,7 @@ def test_killed_run_resumes_without_reencoding_finished_parts(ray_cluster, tmp_p
         stderr=subprocess.DEVNULL,
     )
     staging = output / "_staging"
-    deadline = time.time() + 240
+    deadline = time.time() + 400
     while time.time() < deadline and job.poll() is None and len(list(staging.rglob("*.parquet"))) < 2:
         time.sleep(0.1)
     os.killpg(job.pid, signal.SIGKILL)
