@@ -1,5 +1,5 @@
 """The paper's ablation baseline, kept apart from the recipe: a causal decoder, next-token prediction and
-last-token pooling (pplx-embed §5 compares it against diffusion pretraining + bidirectional attention +
+last-token pooling (the pplx-embed ablation compares it with diffusion pretraining + bidirectional attention +
 mean pooling). Nothing outside ablation runs imports this module's model loading.
 """
 
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForCausalLM
 
 from embedlib import storage
+from embedlib.encoding.encoder import Encoder
 from embedlib.models.loading import Backbone, load_tokenizer, read_checkpoint_config
 
 
@@ -43,3 +44,15 @@ def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mas
     with torch.no_grad():
         accuracy = (shifted[valid].argmax(dim=-1) == targets[valid]).float().mean()
     return loss, accuracy
+
+
+class LastTokenEncoder(Encoder):
+    """An ``Encoder`` over a causal backbone that pools the last token instead of the mean."""
+
+    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        states = self.token_states(input_ids, attention_mask)
+        return last_token_pool(states, attention_mask.to(states.device))
+
+    @classmethod
+    def from_pretrained(cls, path_or_url, device=None, dtype=None, max_length=None) -> LastTokenEncoder:
+        return cls(load_causal_backbone(path_or_url, max_length=max_length or 512))

@@ -26,6 +26,7 @@ class DataConfig:
     format: Literal["parquet", "jsonl"] | None = None  # None: from the URL's extension
     max_length: int = 256  # token cap per text (documents; queries use query_max_length)
     query_max_length: int = 64
+    stream: bool = False  # True: Ray Data read tasks stream the files; False: read once into the object store
 
 
 @dataclass
@@ -84,8 +85,7 @@ class TrainConfig:
     max_chunks: int = 8  # contextual: chunks per document (more are dropped, with a warning)
     hard_negatives: int = 3  # triplet: K negatives per query
     mask_id: int | str | None = None  # pretrain: token id, "dream"/"llada", or None for the tokenizer's mask
-    pooling: Literal["mean", "last"] = "mean"  # "last" (with a causal backbone): the ablation baseline only
-    causal: bool = False  # ablation (b): causal attention, next-token pretraining, last-token pooling
+    causal: bool = False  # ablation (b) only: causal attention, next-token pretraining, last-token pooling
     # Run management.
     run_name: str = "embedlib-train"
     checkpoint_url: str | None = None  # Ray Train storage (local or s3://); None: a folder beside output
@@ -194,5 +194,32 @@ def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> Tr
     return from_dict(TrainConfig, values)
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Command-line ``key.sub=value`` overrides, values parsed as YAML scalars."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{item!r}: an override must be key=value")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
+
+
+@dataclass
+class MergeConfig:
+    first: str  # checkpoint at t = 0
+    second: str  # checkpoint at t = 1
+    output: str
+    t: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.t <= 1.0:
+            raise ConfigError(f"t: must be in [0, 1], got {self.t}")
+
+
+def load_merge_config(path_or_url: str) -> MergeConfig:
+    return from_dict(MergeConfig, yaml.safe_load(storage.read_bytes(path_or_url)) or {})

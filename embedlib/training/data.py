@@ -56,14 +56,29 @@ def arrow_filesystem(url: str):
     return PyFileSystem(FSSpecHandler(fs)), path
 
 
-def read_dataset(url: str, stage: str, declared_format: str | None = None):
-    """A Ray Dataset of training rows, after checking the stage's columns are present."""
-    import ray.data
+def read_table(url: str, declared_format: str | None = None) -> pa.Table:
+    """A parquet/jsonl file or folder of files read here with pyarrow (through fsspec)."""
+    import pyarrow.dataset as pads
 
     filesystem, path = arrow_filesystem(url)
-    fmt = data_format(url, declared_format)
-    reader = ray.data.read_json if fmt == "jsonl" else ray.data.read_parquet
-    dataset = reader(path, filesystem=filesystem)
+    fmt = "json" if data_format(url, declared_format) == "jsonl" else "parquet"
+    return pads.dataset(path, filesystem=filesystem, format=fmt).to_table()
+
+
+def read_dataset(url: str, stage: str, declared_format: str | None = None, stream: bool = False):
+    """A Ray Dataset of training rows, after checking the stage's columns are present.
+
+    ``stream``: Ray Data read tasks stream the files (corpora larger than memory); otherwise the rows are
+    read here and put in the object store (no read tasks to schedule: much faster for small sets).
+    """
+    import ray.data
+
+    if stream:
+        filesystem, path = arrow_filesystem(url)
+        reader = ray.data.read_json if data_format(url, declared_format) == "jsonl" else ray.data.read_parquet
+        dataset = reader(path, filesystem=filesystem)
+    else:
+        dataset = ray.data.from_arrow(read_table(url, declared_format))
     columns = set(dataset.columns() or [])
     missing = [c for c in REQUIRED_COLUMNS[stage] if c not in columns]
     if missing:

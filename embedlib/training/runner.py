@@ -253,7 +253,7 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
     from embedlib.training.plots import write_history
 
     if dataset is None:
-        dataset = read_dataset(cfg.data.url, cfg.stage, cfg.data.format)
+        dataset = read_dataset(cfg.data.url, cfg.stage, cfg.data.format, stream=cfg.data.stream)
     # Ray Train's helper actors find the cluster through RAY_ADDRESS; name ours, as other local
     # instances may be running on a shared machine.
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address

@@ -38,7 +38,7 @@ def text_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
-def resolve_mask_id(mask_id: int | str | None, tokenizer) -> int:
+def resolve_mask_id(mask_id: int | str | None, tokenizer, vocab_size: int | None = None) -> int:
     """The diffusion mask token: an explicit id, a known family's id, or the tokenizer's mask token."""
     if isinstance(mask_id, str):
         mask_id = KNOWN_MASK_IDS[mask_id]
@@ -46,8 +46,9 @@ def resolve_mask_id(mask_id: int | str | None, tokenizer) -> int:
         mask_id = tokenizer.mask_token_id
         if mask_id is None:
             raise ValueError("mask_id: the tokenizer has no mask token; set mask_id to a rarely used token id")
-    if not 0 <= mask_id < len(tokenizer):
-        raise ValueError(f"mask_id: {mask_id} is outside the vocabulary (size {len(tokenizer)})")
+    size = vocab_size or len(tokenizer)  # a model's embedding rows may outnumber the tokenizer's tokens
+    if not 0 <= mask_id < size:
+        raise ValueError(f"mask_id: {mask_id} is outside the vocabulary (size {size})")
     return int(mask_id)
 
 
@@ -104,9 +105,6 @@ class ContrastiveModel(torch.nn.Module):
         self.progress = 0.0  # contextual β schedule: fraction of training done, set by the runner
 
     def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.cfg.pooling == "last":
-            states = self.encoder.token_states(batch["input_ids"], batch["attention_mask"])
-            return causal_ablation.last_token_pool(states, batch["attention_mask"].to(states.device))
         return self.encoder.pooled(batch["input_ids"], batch["attention_mask"])
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
@@ -163,14 +161,16 @@ def build_stage(cfg: TrainConfig, seed: int) -> StageParts:
         else:
             backbone = load_backbone(cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length,
                                      with_lm_head=True)
-            module = DiffusionLM(backbone.model, resolve_mask_id(cfg.mask_id, backbone.tokenizer), seed)
+            module = DiffusionLM(
+                backbone.model, resolve_mask_id(cfg.mask_id, backbone.tokenizer, backbone.model.config.vocab_size), seed)
         encoder = Encoder(backbone)
         return StageParts(module, encoder, PretrainCollator(encoder, cfg.data.max_length))
     if cfg.causal:
         backbone = causal_ablation.load_causal_backbone(cfg.model, max_length=cfg.data.max_length)
+        encoder = causal_ablation.LastTokenEncoder(backbone)
     else:
         backbone = load_backbone(cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length)
-    encoder = Encoder(backbone)
+        encoder = Encoder(backbone)
     if cfg.lora is not None:
         from embedlib.training.lora import add_lora
 

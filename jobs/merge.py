@@ -1,0 +1,23 @@
+"""SLERP-merge two checkpoints tensor by tensor (YAML config: first, second, output, t).
+
+    python jobs/merge.py --config jobs/configs/tiny-merge.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from embedlib.training.config import load_merge_config
+from embedlib.training.merge import merge_checkpoints
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    cfg = load_merge_config(parser.parse_args().config)
+    merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t)
+    print(f"merged {cfg.first} and {cfg.second} at t={cfg.t} into {cfg.output} (weights {merged.weights_hash[:12]})")
+
+
+if __name__ == "__main__":
+    main()
