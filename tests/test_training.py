@@ -131,3 +131,41 @@ def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):
     np.testing.assert_allclose(reloaded.encode(texts, quantization="float"), expected, atol=1e-5)
     base = Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu").encode(texts, quantization="float")
     assert not np.allclose(base, expected, atol=1e-4)
+
+
+def test_embedding_model_hard_negatives(shared_data, tiny_models):
+    from embedlib.training.data import mine_embedding_negatives
+
+    dataset = load_beir(str(shared_data / "cranfield"), "test")
+    encoder = Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu", max_length=32)
+    triplets = mine_embedding_negatives(beir_pairs(dataset)[:20], dataset, encoder, k=2)
+    assert len(triplets) == 20
+    for row in triplets:
+        assert len(row["negative_ids"]) == 2 and not set(row["negative_ids"]) & set(dataset.qrels[row["query_id"]])
+
+
+def test_contextual_stage_late_chunking(tiny_models, tmp_path):
+    from embedlib.training.stages import build_stage
+
+    cfg = from_dict(TrainConfig, {"stage": "contextual", "model": str(tiny_models["pplx-embed"]),
+                                  "output": str(tmp_path / "out"), "data": {"url": "unused", "max_length": 64},
+                                  "max_chunks": 3, "matryoshka_dims": [16]})
+    parts = build_stage(cfg, seed=0)
+    rows = {"query": ["wing flutter", "shock waves", "heat transfer"],
+            "chunks": [["flutter of wings", "at high speed", "was measured"], ["shock waves form", "ahead"],
+                       ["heat transfer", "in laminar flow", "near the nose", "dropped chunk"]],
+            "gold": [0, 0, 1]}
+    batch = parts.collate(rows)
+    assert batch["chunk_valid"].tolist() == [[True, True, True], [True, True, False], [True, True, True]]
+    # Late chunking: a chunk's embedding is the mean of the whole document's token states over its span.
+    states = parts.encoder.token_states(batch["document"]["input_ids"], batch["document"]["attention_mask"])
+    span = batch["spans"][0, 1].bool()
+    ids_chunk1, _ = parts.encoder.tokenize(["at high speed"])
+    assert int(span.sum()) == len(ids_chunk1[0])
+    chunk = states[0, span].mean(0)
+    alone = parts.encoder.pooled(*[t[:1] for t in (batch["document"]["input_ids"], batch["document"]["attention_mask"])])
+    assert not torch.allclose(chunk, alone[0])  # the chunk saw its context, yet is not the document mean
+    out = parts.module(batch)
+    out["loss"].backward()
+    assert torch.isfinite(out["loss"]) and out["loss"] > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in parts.module.parameters())
