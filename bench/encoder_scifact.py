@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from embedlib import Encoder
-from embedlib.encoding.quantize import similarity
+from embedlib.encoding.quantize import quantize, similarity
 from embedlib.eval.beir import load_beir
 from embedlib.eval.metrics import evaluate_run, run_from_topk
 from embedlib.models.loading import default_model_path
@@ -33,17 +33,15 @@ def exact_topk(query_vectors: np.ndarray, doc_vectors: np.ndarray, quantization:
 
 
 def quality(encoder: Encoder, dataset_url: str) -> dict[str, float]:
+    """nDCG@10 per quantization. Texts are encoded once in float; the int8/binary codes are derived with the
+    same ``quantize`` the Encoder applies (tests assert ``encode(q)`` equals it), saving two corpus passes."""
     data = load_beir(dataset_url)
     queries = data.judged_queries()
-    docs = encoder.encode(data.doc_texts(), quantization="float", show_progress=True)
-    query_float = encoder.encode(list(queries.values()), quantization="float")
+    docs = torch.from_numpy(encoder.encode(data.doc_texts(), quantization="float", show_progress=True))
+    query_vectors = torch.from_numpy(encoder.encode(list(queries.values()), quantization="float"))
     results = {}
     for quantization in ("float", "int8", "binary"):
-        if quantization == "float":
-            q, d = query_float, docs
-        else:
-            q = encoder.encode(list(queries.values()), quantization=quantization)
-            d = encoder.encode(data.doc_texts(), quantization=quantization)
+        q, d = quantize(query_vectors, quantization), quantize(docs, quantization)
         top, scores = exact_topk(q, d, quantization, 1000)
         metrics, _ = evaluate_run(data.qrels, run_from_topk(list(queries), data.doc_ids(), top, scores))
         results[quantization] = metrics["ndcg@10"]

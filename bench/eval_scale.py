@@ -13,9 +13,11 @@ from eval_common import SHARED, minilm, run_job
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", default="1,2,5,10,21")
+    parser.add_argument("--bm25-only", action="store_true", help="no model: the lexical baseline alone")
     args = parser.parse_args()
-    out = "outputs/eval/scifact-scale"
-    document = run_job(["--dataset", str(SHARED / "scifact"), "--model", minilm(), "--bm25",
+    out = "outputs/eval/scifact-scale" + ("-bm25" if args.bm25_only else "")
+    model = [] if args.bm25_only else ["--model", minilm()]
+    document = run_job(["--dataset", str(SHARED / "scifact"), *model, "--bm25",
                         "--distractors", str(SHARED / "text"), "--distractor-max-words", "32",
                         "--scale", args.scale], out)
     print(f"\n{'system':28s}{'scale':>6s}{'documents':>11s}{'R@10':>8s}{'R@100':>8s}{'R@1000':>8s}")

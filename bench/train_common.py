@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import torch
+from tqdm.auto import tqdm
 
 from embedlib.training.config import TrainConfig
 from embedlib.training.runner import count_tokens, lr_lambda, save_trained_model
@@ -27,7 +28,7 @@ def plain_loop(cfg: TrainConfig, rows: list[dict], save: bool = True) -> list[di
                                   weight_decay=cfg.optimizer.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps))
     history = []
-    for step in range(steps):
+    for step in tqdm(range(steps), desc=f"{cfg.stage} (plain loop)", unit="step", mininterval=10):
         start = time.perf_counter()
         chunk = [rows[(step * cfg.batch_size + i) % len(rows)] for i in range(cfg.batch_size)]
         if hasattr(parts.module, "progress"):

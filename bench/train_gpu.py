@@ -94,7 +94,7 @@ def main() -> None:
     measured = timings[args.warmup :] or timings
     tokens_per_s = args.batch_size * args.seq_len / (sum(measured) / len(measured))
     achieved = tokens_per_s * flops_per_token(config, args.seq_len, params)
-    print(f"model: {params / 1e6:.0f}M parameters, {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
+    print(f"model: {params / 1e6:.2f}M parameters, {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
           f"{'bf16 ZeRO-2 on ' + torch.cuda.get_device_name(0) if cuda else 'fp32 ZeRO-2 on CPU'}")
     print(f"tokens/s: {tokens_per_s:,.0f} ({args.batch_size} x {args.seq_len} tokens per step, "
           f"mean of {len(measured)} steps)")
