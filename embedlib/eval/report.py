@@ -112,17 +112,18 @@ def recall_curve_png(document: dict) -> bytes:
 
 
 def scale_png(document: dict) -> bytes:
+    """One panel per Recall@K, one line (colour) per system, corpus size on a log axis."""
     points = document["scale"]["points"]
     keys = [key for key in next(iter(points.values()))[0] if key.startswith("recall@")]
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for name, rows in points.items():
-        for style, key in zip(("-", "--", ":", "-."), keys, strict=False):
-            axes.plot([r["documents"] for r in rows], [r[key] for r in rows], style, marker="o", markersize=3,
-                      label=f"{name} {key}")
-    axes.set(xscale="log", xlabel="documents in corpus", ylabel="Recall", ylim=(0, 1.02),
-             title="Recall@K vs corpus size")
-    axes.grid(True, alpha=0.3)
-    axes.legend(fontsize=7)
+    figure, panels = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4.2), sharey=True, squeeze=False)
+    for axes, key in zip(panels[0], keys, strict=True):
+        for name, rows in points.items():
+            axes.plot([r["documents"] for r in rows], [r[key] for r in rows], marker="o", markersize=3, label=name)
+        axes.set(xscale="log", xlabel="documents in corpus", title=key.replace("recall@", "Recall@"), ylim=(0, 1.02))
+        axes.grid(True, alpha=0.3)
+    panels[0][0].set_ylabel("Recall")
+    panels[0][-1].legend(fontsize=8, loc="lower left")
+    figure.suptitle(f"Recall vs corpus size — {document['dataset'].get('source', '')}")
     return _png(figure)
 
 

@@ -15,7 +15,6 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from embedlib import storage
 from embedlib.encoding.encoder import Encoder
 from embedlib.encoding.quantize import Quantization, output_dtype, output_width
 from embedlib.eval.embeddings import encode_float, quantized
@@ -216,15 +215,10 @@ class ShardedIndexSystem(System):
         return np.asarray(scores, dtype=np.float32), [[d for d in row if d is not None] for row in ids]
 
     def bytes_per_doc(self) -> float:
-        """Bytes of the published shard files (vectors, FAISS index) per indexed document."""
-        base = self.index.manifest["base"]
-        fs, path = storage.filesystem(base)
-        size = 0
-        for entry in self.index.manifest["shards"]:
-            for key, value in entry.items():
-                if isinstance(value, str) and key != "name" and value.endswith((".faiss", ".parquet")):
-                    size += fs.size(f"{path.rstrip('/')}/{value}")
-        return size / max(len(self.index), 1)
+        """Bytes of the published shard files (parquet vectors + FAISS index, from the manifest) per document."""
+        shards = self.index.manifest["shards"]
+        docs = sum(entry.get("docs", entry["rows"]) for entry in shards)
+        return sum(entry["bytes"] for entry in shards) / max(docs, 1)
 
 
 def model_name(spec: str) -> tuple[str, str]:
