@@ -284,7 +284,7 @@ def test_parquet_input_every_index_type(ray_cluster, tmp_path, tiny_models, quan
     with pytest.raises(IndexMismatchError, match=quantization):
         index.search(np.zeros((1, 32), dtype=np.float64 if quantization != "float" else np.int8), k=3)
     with pytest.raises(IndexMismatchError, match="weights"):
-        ShardedIndex.open(output, model=tiny_models["qwen3-bidirectional"])
+        ShardedIndex.open(output, model=tiny_models["bert"])
 
 
 def test_fewer_hits_than_k_are_padded(ray_cluster, tmp_path, model):
