@@ -63,7 +63,7 @@ def main() -> None:
         tmp = Path(tmp)
         corpus = write_corpus(dataset, ids, tmp)
         (tmp / "warm").mkdir()
-        warm = write_corpus(dataset, ids[:200], tmp / "warm")
+        warm = write_corpus(dataset, ids[:50], tmp / "warm")
         pipeline(warm, str(tmp / "warm-index"), args.model, args.shard_size)  # starts Ray's worker processes
 
         encoder = Encoder.from_pretrained(args.model)
