@@ -52,7 +52,7 @@ def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJo
         output=output_url,
         model=str(model),
         shard_size=100,
-        batch_rows=64,
+        batch_rows=256,
         show_progress=False,
     )
     return IndexJobConfig(**(values | overrides))
