@@ -33,17 +33,30 @@ EVAL_SETS = ("cranfield", "cisi")  # small corpora: a tiny model encodes them in
 
 
 def config(stage: str, model: Path, output: Path, causal: bool, steps: int, args) -> TrainConfig:
-    return from_dict(TrainConfig, {
-        "stage": stage, "model": str(model), "output": str(output), "causal": causal,
-        "data": {"url": "in-process", "max_length": args.max_length, "query_max_length": 32},
-        "batch_size": args.batch_size, "max_steps": steps, "seed": 0,
-        "optimizer": {"lr": args.pretrain_lr if stage == "pretrain" else args.pair_lr,
-                      "warmup_steps": steps // 10, "schedule": "cosine"},
-    })
+    return from_dict(
+        TrainConfig,
+        {
+            "stage": stage,
+            "model": str(model),
+            "output": str(output),
+            "causal": causal,
+            "data": {"url": "in-process", "max_length": args.max_length, "query_max_length": 32},
+            "batch_size": args.batch_size,
+            "max_steps": steps,
+            "seed": 0,
+            "optimizer": {
+                "lr": args.pretrain_lr if stage == "pretrain" else args.pair_lr,
+                "warmup_steps": steps // 10,
+                "schedule": "cosine",
+            },
+        },
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--work", default="/tmp/embedlib-bench/ablation")
     parser.add_argument("--pretrain-steps", type=int, default=300)
     parser.add_argument("--pair-steps", type=int, default=100)
@@ -66,20 +79,39 @@ def main() -> None:
     for name, causal in arms.items():
         tag = "causal" if causal else "diffusion"
         pretrained = work / f"{tag}-pretrained"
-        pretrain_curves[name] = plain_loop(config("pretrain", base, pretrained, causal, args.pretrain_steps, args), text)
+        pretrain_curves[name] = plain_loop(
+            config("pretrain", base, pretrained, causal, args.pretrain_steps, args), text
+        )
         trained = work / f"{tag}-pair"
         curves[name] = plain_loop(config("pair", pretrained, trained, causal, args.pair_steps, args), pairs)
-        encoder = LastTokenEncoder.from_pretrained(trained) if causal else Encoder.from_pretrained(trained, device="cpu")
-        scores[name] = {ds: retrieval_scores(encoder, str(DATA / ds), "test", name=f"{tag}-{ds}")
-                        for ds in EVAL_SETS}
+        encoder = (
+            LastTokenEncoder.from_pretrained(trained)
+            if causal
+            else Encoder.from_pretrained(trained, device="cpu")
+        )
+        scores[name] = {
+            ds: retrieval_scores(encoder, str(DATA / ds), "test", name=f"{tag}-{ds}") for ds in EVAL_SETS
+        }
         print(name, json.dumps(scores[name]), flush=True)
-    (work / "pair_loss_curves.png").write_bytes(loss_curves_png(curves, ylabel="pair InfoNCE loss (INT8 STE)"))
-    (work / "pretrain_loss_curves.png").write_bytes(loss_curves_png(pretrain_curves, ylabel="pretraining loss"))
-    (work / "summary.json").write_text(json.dumps({"scores": scores, "pair_curves": curves, "args": vars(args)}))
-    print(f"\n{'arm':<40}" + "".join(f"{ds + ' nDCG@10':>20}" for ds in EVAL_SETS) + f"{'final pair loss':>18}")
+    (work / "pair_loss_curves.png").write_bytes(
+        loss_curves_png(curves, ylabel="pair InfoNCE loss (INT8 STE)")
+    )
+    (work / "pretrain_loss_curves.png").write_bytes(
+        loss_curves_png(pretrain_curves, ylabel="pretraining loss")
+    )
+    (work / "summary.json").write_text(
+        json.dumps({"scores": scores, "pair_curves": curves, "args": vars(args)})
+    )
+    print(
+        f"\n{'arm':<40}" + "".join(f"{ds + ' nDCG@10':>20}" for ds in EVAL_SETS) + f"{'final pair loss':>18}"
+    )
     for name in arms:
         final = sum(r["loss"] for r in curves[name][-10:]) / len(curves[name][-10:])
-        print(f"{name:<40}" + "".join(f"{scores[name][ds]['ndcg@10']:>20.4f}" for ds in EVAL_SETS) + f"{final:>18.3f}")
+        print(
+            f"{name:<40}"
+            + "".join(f"{scores[name][ds]['ndcg@10']:>20.4f}" for ds in EVAL_SETS)
+            + f"{final:>18.3f}"
+        )
     print(f"curves: {work / 'pair_loss_curves.png'}; wall {time.time() - started:.0f} s")
 
 

@@ -24,8 +24,9 @@ def plain_loop(cfg: TrainConfig, rows: list[dict], save: bool = True) -> list[di
     parts.module.train()
     steps = cfg.max_steps or len(rows) // cfg.batch_size
     parameters = [p for p in parts.module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=cfg.optimizer.lr, betas=cfg.optimizer.betas,
-                                  weight_decay=cfg.optimizer.weight_decay)
+    optimizer = torch.optim.AdamW(
+        parameters, lr=cfg.optimizer.lr, betas=cfg.optimizer.betas, weight_decay=cfg.optimizer.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps))
     history = []
     for step in tqdm(range(steps), desc=f"{cfg.stage} (plain loop)", unit="step", mininterval=10):
@@ -40,8 +41,11 @@ def plain_loop(cfg: TrainConfig, rows: list[dict], save: bool = True) -> list[di
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
-        row = {"step": step + 1, "loss": out["loss"].item(),
-               "tokens_per_s": count_tokens(batch) / (time.perf_counter() - start)}
+        row = {
+            "step": step + 1,
+            "loss": out["loss"].item(),
+            "tokens_per_s": count_tokens(batch) / (time.perf_counter() - start),
+        }
         if "accuracy" in out:
             row["accuracy"] = out["accuracy"].item()
         history.append(row)

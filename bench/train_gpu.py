@@ -24,9 +24,17 @@ from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.runner import make_engine
 from embedlib.training.stages import DiffusionLM
 
-QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000,
-                  tie_word_embeddings=True)
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000,
+    tie_word_embeddings=True,
+)
 QWEN3_VOCAB = 151936
 QWEN3_MASK_ID = 151669  # first embedding row past the tokenizer's 151669 tokens: never produced by it
 H200_BF16_TFLOPS = 989.5  # dense, no sparsity
@@ -40,14 +48,21 @@ def flops_per_token(config, seq_len: int, params: int) -> float:
 def init_single_process_group(backend: str) -> None:
     import deepspeed
 
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": os.environ.get("MASTER_PORT", "29512")}.items():
+    for key, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": os.environ.get("MASTER_PORT", "29512"),
+    }.items():
         os.environ.setdefault(key, value)
     deepspeed.init_distributed(dist_backend=backend)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tiny", action="store_true", help="small shapes, fp32, CPU")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=4)
@@ -68,15 +83,24 @@ def main() -> None:
     model = BidirectionalQwen3ForMaskedLM(to_bidirectional_config(config))
     params = sum(p.numel() for p in model.parameters())
     module = DiffusionLM(model, mask_id, seed=0).to(device)
-    cfg = from_dict(TrainConfig, {
-        "stage": "pretrain", "model": "random-init", "output": "unused", "data": {"url": "random-ids"},
-        "batch_size": args.batch_size, "max_steps": args.steps,
-        "optimizer": {"lr": 1e-4, "warmup_steps": 1, "schedule": "constant"},
-        "deepspeed": {"zero_stage": 2, "precision": "bf16" if cuda else "fp32"},
-    })
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "stage": "pretrain",
+            "model": "random-init",
+            "output": "unused",
+            "data": {"url": "random-ids"},
+            "batch_size": args.batch_size,
+            "max_steps": args.steps,
+            "optimizer": {"lr": 1e-4, "warmup_steps": 1, "schedule": "constant"},
+            "deepspeed": {"zero_stage": 2, "precision": "bf16" if cuda else "fp32"},
+        },
+    )
     module.generator = torch.Generator(device=device).manual_seed(0)
     engine = make_engine(module, cfg, args.steps)
-    ids = torch.randint(0, min(QWEN3_MASK_ID, config.vocab_size - 1), (args.batch_size, args.seq_len), device=device)
+    ids = torch.randint(
+        0, min(QWEN3_MASK_ID, config.vocab_size - 1), (args.batch_size, args.seq_len), device=device
+    )
     attention = torch.ones_like(ids)
     timings = []
     for step in range(args.steps):
@@ -89,17 +113,26 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
         timings.append(time.perf_counter() - start)
-        print(f"step {step + 1}: loss {out['loss'].item():.3f}, masked acc {out['accuracy'].item():.3f}, "
-              f"{timings[-1]:.3f} s", flush=True)
+        print(
+            f"step {step + 1}: loss {out['loss'].item():.3f}, masked acc {out['accuracy'].item():.3f}, "
+            f"{timings[-1]:.3f} s",
+            flush=True,
+        )
     measured = timings[args.warmup :] or timings
     tokens_per_s = args.batch_size * args.seq_len / (sum(measured) / len(measured))
     achieved = tokens_per_s * flops_per_token(config, args.seq_len, params)
-    print(f"model: {params / 1e6:.2f}M parameters, {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
-          f"{'bf16 ZeRO-2 on ' + torch.cuda.get_device_name(0) if cuda else 'fp32 ZeRO-2 on CPU'}")
-    print(f"tokens/s: {tokens_per_s:,.0f} ({args.batch_size} x {args.seq_len} tokens per step, "
-          f"mean of {len(measured)} steps)")
-    print(f"achieved {achieved / 1e12:.1f} TFLOP/s; MFU {achieved / (args.peak_tflops * 1e12):.1%} "
-          f"of {args.peak_tflops} TFLOP/s peak" + (" (a GPU peak: meaningless on CPU)" if not cuda else ""))
+    print(
+        f"model: {params / 1e6:.2f}M parameters, {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
+        f"{'bf16 ZeRO-2 on ' + torch.cuda.get_device_name(0) if cuda else 'fp32 ZeRO-2 on CPU'}"
+    )
+    print(
+        f"tokens/s: {tokens_per_s:,.0f} ({args.batch_size} x {args.seq_len} tokens per step, "
+        f"mean of {len(measured)} steps)"
+    )
+    print(
+        f"achieved {achieved / 1e12:.1f} TFLOP/s; MFU {achieved / (args.peak_tflops * 1e12):.1%} "
+        f"of {args.peak_tflops} TFLOP/s peak" + (" (a GPU peak: meaningless on CPU)" if not cuda else "")
+    )
     if cuda:
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
 

@@ -33,15 +33,25 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="embedlib-throughput-"))
     rows = text_rows([TEXT / "tinyshakespeare.txt"], chars_per_row=1200)
     write_rows(rows, str(work / "text.parquet"))
-    model = make_tiny_checkpoint(work / "tiny", "qwen3-causal", hidden_size=128, intermediate_size=384,
-                                 num_hidden_layers=4)
-    cfg = from_dict(TrainConfig, {
-        "stage": "pretrain", "model": str(model), "output": str(work / "out"),
-        "data": {"url": str(work / "text.parquet"), "max_length": args.max_length},
-        "batch_size": args.batch_size, "max_steps": args.steps, "optimizer": {"lr": 1e-3},
-        "deepspeed": {"zero_stage": 2}, "scaling": {"num_workers": 1, "cpus_per_worker": 1, "torch_threads": 1},
-        "checkpoint_every": 10**6, "run_name": f"throughput-{int(time.time())}",
-    })
+    model = make_tiny_checkpoint(
+        work / "tiny", "qwen3-causal", hidden_size=128, intermediate_size=384, num_hidden_layers=4
+    )
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "stage": "pretrain",
+            "model": str(model),
+            "output": str(work / "out"),
+            "data": {"url": str(work / "text.parquet"), "max_length": args.max_length},
+            "batch_size": args.batch_size,
+            "max_steps": args.steps,
+            "optimizer": {"lr": 1e-3},
+            "deepspeed": {"zero_stage": 2},
+            "scaling": {"num_workers": 1, "cpus_per_worker": 1, "torch_threads": 1},
+            "checkpoint_every": 10**6,
+            "run_name": f"throughput-{int(time.time())}",
+        },
+    )
     plain = plain_loop(cfg, rows, save=False)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     runner = train(cfg).history
@@ -50,7 +60,9 @@ def main() -> None:
         return statistics.median(r["tokens_per_s"] for r in history[args.warmup :])
 
     plain_tps, runner_tps = median(plain), median(runner)
-    print(f"plain PyTorch loop        : {plain_tps:10.0f} tokens/s (median of steps {args.warmup + 1}..{args.steps})")
+    print(
+        f"plain PyTorch loop        : {plain_tps:10.0f} tokens/s (median of steps {args.warmup + 1}..{args.steps})"
+    )
     print(f"Ray Train + DeepSpeed ZeRO-2: {runner_tps:10.0f} tokens/s")
     print(f"ratio runner / plain      : {runner_tps / plain_tps:.2f}  (acceptance: >= 0.8)")
 

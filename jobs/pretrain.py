@@ -31,7 +31,9 @@ def prepare_tiny(cfg: TrainConfig, text_dir: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--prepare-tiny", metavar="TEXT_DIR")
@@ -44,8 +46,10 @@ def main() -> None:
     ray.init()
     result = train(cfg)
     last = result.history[-1] if result.history else {}
-    print(f"pretrain: {result.steps} steps, loss {last.get('loss', float('nan')):.4f}, masked accuracy "
-          f"{last.get('masked_accuracy', float('nan')):.3f}; model at {result.output}")
+    print(
+        f"pretrain: {result.steps} steps, loss {last.get('loss', float('nan')):.4f}, masked accuracy "
+        f"{last.get('masked_accuracy', float('nan')):.3f}; model at {result.output}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ def prepare_beir(cfg: TrainConfig, url: str, split: str, negatives: str) -> None
 
 
 def main(stages: tuple[str, ...] = ("pair", "contextual", "triplet")) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True, help="YAML training config (local path or URL)")
     parser.add_argument("--stage", choices=stages, help="must match the config's stage when given")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
@@ -59,8 +61,10 @@ def main(stages: tuple[str, ...] = ("pair", "contextual", "triplet")) -> None:
     ray.init()
     result = train(cfg)
     last = result.history[-1] if result.history else {}
-    print(f"{cfg.stage}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}; "
-          f"model at {result.output} (metrics.csv, loss.png beside it)")
+    print(
+        f"{cfg.stage}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}; "
+        f"model at {result.output} (metrics.csv, loss.png beside it)"
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ D = torch.tensor([unit(math.sqrt(1 - 0.95**2), 0.95), [0.6, 0.8]])
 
 def test_info_nce_matches_formula_and_drops_masked_terms():
     positive, negatives = torch.tensor([0.5]), torch.tensor([[0.2, 0.9]])
-    assert info_nce(positive, negatives, None, 0.1).item() == pytest.approx(nce(0.5, [0.2, 0.9], 0.1), rel=1e-5)
+    assert info_nce(positive, negatives, None, 0.1).item() == pytest.approx(
+        nce(0.5, [0.2, 0.9], 0.1), rel=1e-5
+    )
     keep = torch.tensor([[True, False]])
     assert info_nce(positive, negatives, keep, 0.1).item() == pytest.approx(nce(0.5, [0.2], 0.1), rel=1e-5)
 
@@ -63,10 +65,12 @@ def test_pair_loss_duplicate_document_mask():
     s11, s12, s21, s22 = math.sqrt(1 - 0.95**2), 0.6, 0.95, 0.8
     same = torch.tensor([7, 7])  # both positives are the same document: never each other's negatives
     assert pair_loss(Q, D, tau, margin=None, doc_hashes=same).item() == pytest.approx(
-        (nce(s11, [0.0], tau) + nce(s22, [0.0], tau)) / 2, rel=1e-4)
+        (nce(s11, [0.0], tau) + nce(s22, [0.0], tau)) / 2, rel=1e-4
+    )
     different = torch.tensor([1, 2])
     assert pair_loss(Q, D, tau, margin=None, doc_hashes=different).item() == pytest.approx(
-        (nce(s11, [s12, 0.0], tau) + nce(s22, [s21, 0.0], tau)) / 2, rel=1e-4)
+        (nce(s11, [s12, 0.0], tau) + nce(s22, [s21, 0.0], tau)) / 2, rel=1e-4
+    )
 
 
 def test_triplet_loss_uses_in_batch_documents_and_hard_negatives():

@@ -32,7 +32,7 @@ def test_diffusion_loss_decreases_on_real_text(tiny_models, shared_data):
     encoder = Encoder(backbone)
     module = DiffusionLM(backbone.model.train(), resolve_mask_id(None, backbone.tokenizer), seed=0)
     collate = PretrainCollator(encoder, max_length=64)
-    rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=300)[:8 * 40]
+    rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=300)[: 8 * 40]
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
     losses, accuracies = [], []
     for start in range(0, len(rows), 8):
@@ -58,9 +58,14 @@ def test_mask_id_resolution(tiny_models):
 def test_config_errors_name_the_field(tmp_path):
     base = {"stage": "pair", "model": "m", "output": "o", "data": {"url": "d.parquet"}}
     assert from_dict(TrainConfig, base).optimizer.lr > 0
-    for change, field in [({"stage": "pairs"}, "stage"), ({"batch_size": 0}, "batch_size"),
-                          ({"optimizer": {"lr": "fast"}}, "optimizer.lr"), ({"data": {"url": "d", "x": 1}}, "data.x"),
-                          ({"deepspeed": {"zero_stage": 4}}, "deepspeed.zero_stage"), ({"mask_id": "bert"}, "mask_id")]:
+    for change, field in [
+        ({"stage": "pairs"}, "stage"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"optimizer": {"lr": "fast"}}, "optimizer.lr"),
+        ({"data": {"url": "d", "x": 1}}, "data.x"),
+        ({"deepspeed": {"zero_stage": 4}}, "deepspeed.zero_stage"),
+        ({"mask_id": "bert"}, "mask_id"),
+    ]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             from_dict(TrainConfig, {**base, **change})
     path = tmp_path / "c.yaml"
@@ -104,7 +109,10 @@ def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
         assert merged.weights_hash == Encoder.from_pretrained(expected, device="cpu").weights_hash
     merge_checkpoints(first, other, tmp_path / "half", 0.5)
     halfway = Encoder.from_pretrained(tmp_path / "half", device="cpu")
-    assert halfway.weights_hash not in {encoder.weights_hash, Encoder.from_pretrained(first, device="cpu").weights_hash}
+    assert halfway.weights_hash not in {
+        encoder.weights_hash,
+        Encoder.from_pretrained(first, device="cpu").weights_hash,
+    }
     assert halfway.encode(texts, quantization="float").shape == (2, halfway.dim)
 
 
@@ -112,9 +120,16 @@ def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):
     from embedlib.training.runner import save_trained_model
     from embedlib.training.stages import build_stage
 
-    cfg = from_dict(TrainConfig, {"stage": "pair", "model": str(tiny_models["pplx-embed"]),
-                                  "output": str(tmp_path / "out"), "data": {"url": "unused.parquet"},
-                                  "lora": {"r": 4, "alpha": 8}})
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "stage": "pair",
+            "model": str(tiny_models["pplx-embed"]),
+            "output": str(tmp_path / "out"),
+            "data": {"url": "unused.parquet"},
+            "lora": {"r": 4, "alpha": 8},
+        },
+    )
     parts = build_stage(cfg, seed=0)
     trainable = [n for n, p in parts.module.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -129,7 +144,9 @@ def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):
     reloaded = Encoder.from_pretrained(tmp_path / "out", device="cpu")
     assert not any("lora" in k for k in reloaded.model.state_dict())
     np.testing.assert_allclose(reloaded.encode(texts, quantization="float"), expected, atol=1e-5)
-    base = Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu").encode(texts, quantization="float")
+    base = Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu").encode(
+        texts, quantization="float"
+    )
     assert not np.allclose(base, expected, atol=1e-4)
 
 
@@ -141,20 +158,35 @@ def test_embedding_model_hard_negatives(shared_data, tiny_models):
     triplets = mine_embedding_negatives(beir_pairs(dataset)[:20], dataset, encoder, k=2)
     assert len(triplets) == 20
     for row in triplets:
-        assert len(row["negative_ids"]) == 2 and not set(row["negative_ids"]) & set(dataset.qrels[row["query_id"]])
+        assert len(row["negative_ids"]) == 2 and not set(row["negative_ids"]) & set(
+            dataset.qrels[row["query_id"]]
+        )
 
 
 def test_contextual_stage_late_chunking(tiny_models, tmp_path):
     from embedlib.training.stages import build_stage
 
-    cfg = from_dict(TrainConfig, {"stage": "contextual", "model": str(tiny_models["pplx-embed"]),
-                                  "output": str(tmp_path / "out"), "data": {"url": "unused", "max_length": 64},
-                                  "max_chunks": 3, "matryoshka_dims": [16]})
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "stage": "contextual",
+            "model": str(tiny_models["pplx-embed"]),
+            "output": str(tmp_path / "out"),
+            "data": {"url": "unused", "max_length": 64},
+            "max_chunks": 3,
+            "matryoshka_dims": [16],
+        },
+    )
     parts = build_stage(cfg, seed=0)
-    rows = {"query": ["wing flutter", "shock waves", "heat transfer"],
-            "chunks": [["flutter of wings", "at high speed", "was measured"], ["shock waves form", "ahead"],
-                       ["heat transfer", "in laminar flow", "near the nose", "dropped chunk"]],
-            "gold": [0, 0, 1]}
+    rows = {
+        "query": ["wing flutter", "shock waves", "heat transfer"],
+        "chunks": [
+            ["flutter of wings", "at high speed", "was measured"],
+            ["shock waves form", "ahead"],
+            ["heat transfer", "in laminar flow", "near the nose", "dropped chunk"],
+        ],
+        "gold": [0, 0, 1],
+    }
     batch = parts.collate(rows)
     assert batch["chunk_valid"].tolist() == [[True, True, True], [True, True, False], [True, True, True]]
     # Late chunking: a chunk's embedding is the mean of the whole document's token states over its span.
@@ -163,7 +195,9 @@ def test_contextual_stage_late_chunking(tiny_models, tmp_path):
     ids_chunk1, _ = parts.encoder.tokenize(["at high speed"])
     assert int(span.sum()) == len(ids_chunk1[0])
     chunk = states[0, span].mean(0)
-    alone = parts.encoder.pooled(*[t[:1] for t in (batch["document"]["input_ids"], batch["document"]["attention_mask"])])
+    alone = parts.encoder.pooled(
+        *[t[:1] for t in (batch["document"]["input_ids"], batch["document"]["attention_mask"])]
+    )
     assert not torch.allclose(chunk, alone[0])  # the chunk saw its context, yet is not the document mean
     out = parts.module(batch)
     out["loss"].backward()

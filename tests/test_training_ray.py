@@ -28,21 +28,36 @@ def pair_rows(shared_data, count: int) -> list[dict]:
     return beir_pairs(load_beir(str(shared_data / "cranfield"), "test"))[:count]
 
 
-def test_two_worker_deepspeed_zero2_pair_run_over_s3(ray_cluster, s3_bucket, tiny_models, shared_data, tmp_path):
+def test_two_worker_deepspeed_zero2_pair_run_over_s3(
+    ray_cluster, s3_bucket, tiny_models, shared_data, tmp_path
+):
     data_url = f"{s3_bucket}/train/pairs.parquet"
     write_rows(pair_rows(shared_data, 48), data_url)
-    cfg = from_dict(TrainConfig, {
-        "stage": "pair", "model": str(tiny_models["pplx-embed"]), "output": str(tmp_path / "model"),
-        "data": {"url": data_url, "max_length": 64, "query_max_length": 32},
-        "batch_size": 4, "max_steps": 3, "optimizer": {"lr": 1e-3}, "matryoshka_dims": [16, 32],
-        "deepspeed": {"zero_stage": 2}, "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
-        "checkpoint_url": f"{s3_bucket}/checkpoints", "checkpoint_every": 3, "run_name": "zero2",
-    })
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "stage": "pair",
+            "model": str(tiny_models["pplx-embed"]),
+            "output": str(tmp_path / "model"),
+            "data": {"url": data_url, "max_length": 64, "query_max_length": 32},
+            "batch_size": 4,
+            "max_steps": 3,
+            "optimizer": {"lr": 1e-3},
+            "matryoshka_dims": [16, 32],
+            "deepspeed": {"zero_stage": 2},
+            "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+            "checkpoint_url": f"{s3_bucket}/checkpoints",
+            "checkpoint_every": 3,
+            "run_name": "zero2",
+        },
+    )
     result = train(cfg)
     assert [row["step"] for row in result.history] == [1, 2, 3]
     assert all(row["tokens_per_s"] > 0 for row in result.history)
     trained = Encoder.from_pretrained(tmp_path / "model", device="cpu")
-    assert trained.weights_hash != Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu").weights_hash
+    assert (
+        trained.weights_hash != Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu").weights_hash
+    )
     assert trained.encode(["a query"], quantization="int8").shape == (1, trained.dim)
     with open(tmp_path / "model" / "metrics.csv") as f:
         assert [int(r["step"]) for r in csv.DictReader(f)] == [1, 2, 3]
@@ -53,13 +68,24 @@ def test_two_worker_deepspeed_zero2_pair_run_over_s3(ray_cluster, s3_bucket, tin
 def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_models, shared_data, tmp_path):
     rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=300)[:64]
     write_rows(rows, str(tmp_path / "text.jsonl"))
-    cfg = from_dict(TrainConfig, {
-        "stage": "pretrain", "model": str(tiny_models["qwen3-causal"]), "output": str(tmp_path / "model"),
-        "data": {"url": str(tmp_path / "text.jsonl"), "max_length": 48}, "batch_size": 4, "max_steps": 5,
-        "optimizer": {"lr": 1e-3}, "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
-        "checkpoint_url": str(tmp_path / "ckpt"), "checkpoint_every": 2, "max_failures": 1,
-        "inject_failure_at_step": 3, "run_name": "resume",
-    })
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "stage": "pretrain",
+            "model": str(tiny_models["qwen3-causal"]),
+            "output": str(tmp_path / "model"),
+            "data": {"url": str(tmp_path / "text.jsonl"), "max_length": 48},
+            "batch_size": 4,
+            "max_steps": 5,
+            "optimizer": {"lr": 1e-3},
+            "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
+            "checkpoint_url": str(tmp_path / "ckpt"),
+            "checkpoint_every": 2,
+            "max_failures": 1,
+            "inject_failure_at_step": 3,
+            "run_name": "resume",
+        },
+    )
     result = train(cfg)
     steps = [row["step"] for row in result.history]
     assert steps == [1, 2, 3, 4, 5]  # step 3 was lost with the killed worker and redone once

@@ -38,14 +38,16 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
 
 
-def false_negative_mask(negative_scores: torch.Tensor, positive_scores: torch.Tensor,
-                        margin: float = FALSE_NEGATIVE_MARGIN) -> torch.Tensor:
+def false_negative_mask(
+    negative_scores: torch.Tensor, positive_scores: torch.Tensor, margin: float = FALSE_NEGATIVE_MARGIN
+) -> torch.Tensor:
     """``m_i(x) = 1{s(q_i, x) ≤ s(q_i, d_i) + margin}``: which negatives to keep (bool, shape of scores)."""
     return negative_scores <= positive_scores.unsqueeze(-1) + margin
 
 
-def info_nce(positive: torch.Tensor, negatives: torch.Tensor, keep: torch.Tensor | None,
-             temperature: float) -> torch.Tensor:
+def info_nce(
+    positive: torch.Tensor, negatives: torch.Tensor, keep: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
     """Mean of ``-log(e^{s+/τ} / (e^{s+/τ} + Σ_keep e^{s-/τ}))``; ``positive (B,)``, ``negatives (B, N)``."""
     logits = torch.cat([positive.unsqueeze(1), negatives], dim=1) / temperature
     if keep is not None:
@@ -67,8 +69,12 @@ def same_document(local_hashes: torch.Tensor, all_hashes: torch.Tensor) -> torch
 
 
 def query_document_nce(
-    q: torch.Tensor, d: torch.Tensor, temperature: float, margin: float | None,
-    doc_hashes: torch.Tensor | None = None, query_negatives: bool = True,
+    q: torch.Tensor,
+    d: torch.Tensor,
+    temperature: float,
+    margin: float | None,
+    doc_hashes: torch.Tensor | None = None,
+    query_negatives: bool = True,
 ) -> torch.Tensor:
     """InfoNCE of each query against its document, with every rank's documents (and queries) as negatives.
 
@@ -93,33 +99,51 @@ def query_document_nce(
     return info_nce(positive, scores_t, keep_t, temperature)
 
 
-def pair_loss(q: torch.Tensor, d: torch.Tensor, temperature: float = PAIR_TEMPERATURE,
-              margin: float | None = FALSE_NEGATIVE_MARGIN, doc_hashes: torch.Tensor | None = None
-              ) -> torch.Tensor:
+def pair_loss(
+    q: torch.Tensor,
+    d: torch.Tensor,
+    temperature: float = PAIR_TEMPERATURE,
+    margin: float | None = FALSE_NEGATIVE_MARGIN,
+    doc_hashes: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Pair training (§4.4): in-batch documents and other queries as negatives, false-negative mask."""
     return query_document_nce(q, d, temperature, margin, doc_hashes, query_negatives=True)
 
 
-def triplet_loss(q: torch.Tensor, d: torch.Tensor, hard_negatives: torch.Tensor,
-                 temperature: float = TRIPLET_TEMPERATURE) -> torch.Tensor:
+def triplet_loss(
+    q: torch.Tensor, d: torch.Tensor, hard_negatives: torch.Tensor, temperature: float = TRIPLET_TEMPERATURE
+) -> torch.Tensor:
     """Triplet training (§4.6): in-batch documents plus each query's own ``K`` hard negatives ``(B, K, d)``."""
     all_d = all_gather_with_grad(d)
     offset = rank_offset(q.shape[0])
     in_batch = cosine_matrix(q, all_d)
-    keep = torch.cat([not_self(q.shape[0], all_d.shape[0], offset, q.device),
-                      torch.ones(hard_negatives.shape[:2], dtype=torch.bool, device=q.device)], dim=1)
+    keep = torch.cat(
+        [
+            not_self(q.shape[0], all_d.shape[0], offset, q.device),
+            torch.ones(hard_negatives.shape[:2], dtype=torch.bool, device=q.device),
+        ],
+        dim=1,
+    )
     hard = cosine(q.unsqueeze(1), hard_negatives)
     return info_nce(cosine(q, d), torch.cat([in_batch, hard], dim=1), keep, temperature)
 
 
-def contextual_beta(progress: float, start: float = CONTEXTUAL_BETA[0], end: float = CONTEXTUAL_BETA[1]) -> float:
+def contextual_beta(
+    progress: float, start: float = CONTEXTUAL_BETA[0], end: float = CONTEXTUAL_BETA[1]
+) -> float:
     """β rising from ``start`` to ``end`` on a half-cosine over training ``progress`` in [0, 1]."""
     progress = min(max(progress, 0.0), 1.0)
     return start + (end - start) * (1.0 - math.cos(math.pi * progress)) / 2.0
 
 
-def contextual_local(q: torch.Tensor, chunks: torch.Tensor, chunk_valid: torch.Tensor, gold: torch.Tensor,
-                     temperature: float, alpha: float = CONTEXTUAL_ALPHA) -> torch.Tensor:
+def contextual_local(
+    q: torch.Tensor,
+    chunks: torch.Tensor,
+    chunk_valid: torch.Tensor,
+    gold: torch.Tensor,
+    temperature: float,
+    alpha: float = CONTEXTUAL_ALPHA,
+) -> torch.Tensor:
     """``α·L_seq + (1-α)·L_batch``: the gold chunk against the document's other chunks / every batch chunk.
 
     ``chunks (B, C, d)`` with ``chunk_valid (B, C)`` (padding chunks are never negatives), ``gold (B,)``.
@@ -140,10 +164,18 @@ def contextual_local(q: torch.Tensor, chunks: torch.Tensor, chunk_valid: torch.T
     return alpha * seq + (1.0 - alpha) * batch
 
 
-def contextual_loss(q: torch.Tensor, doc: torch.Tensor, chunks: torch.Tensor, chunk_valid: torch.Tensor,
-                    gold: torch.Tensor, doc_hashes: torch.Tensor, beta: float,
-                    temperature: float = PAIR_TEMPERATURE, alpha: float = CONTEXTUAL_ALPHA,
-                    margin: float | None = FALSE_NEGATIVE_MARGIN) -> torch.Tensor:
+def contextual_loss(
+    q: torch.Tensor,
+    doc: torch.Tensor,
+    chunks: torch.Tensor,
+    chunk_valid: torch.Tensor,
+    gold: torch.Tensor,
+    doc_hashes: torch.Tensor,
+    beta: float,
+    temperature: float = PAIR_TEMPERATURE,
+    alpha: float = CONTEXTUAL_ALPHA,
+    margin: float | None = FALSE_NEGATIVE_MARGIN,
+) -> torch.Tensor:
     """Contextual training (§4.5): ``β·L_global + (1-β)·L_local``.
 
     ``L_global``: query-document InfoNCE with the duplicate-document mask, the false-negative mask and
@@ -154,8 +186,9 @@ def contextual_loss(q: torch.Tensor, doc: torch.Tensor, chunks: torch.Tensor, ch
     return beta * global_loss + (1.0 - beta) * local_loss
 
 
-def matryoshka(loss: Callable[..., torch.Tensor], pooled: Sequence[torch.Tensor],
-               dims: Sequence[int | None] | None) -> torch.Tensor:
+def matryoshka(
+    loss: Callable[..., torch.Tensor], pooled: Sequence[torch.Tensor], dims: Sequence[int | None] | None
+) -> torch.Tensor:
     """Sum of ``loss(*int8 embeddings)`` over the nested ``dims`` (``None``/empty: the full width only)."""
     dims = list(dims) if dims else [None]
     return sum(loss(*(embed_int8(p, dim) for p in pooled)) for dim in dims)

@@ -32,7 +32,10 @@ def mask_for_diffusion(
 
 
 def diffusion_loss(
-    logits: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    masked: torch.Tensor,
+    t: torch.Tensor,
     attention_mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss, masked_accuracy)``: mean over sequences of ``Σ_masked CE / t / length``."""

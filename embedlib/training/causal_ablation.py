@@ -16,16 +16,22 @@ from embedlib.encoding.encoder import Encoder
 from embedlib.models.loading import Backbone, load_tokenizer, read_checkpoint_config
 
 
-def load_causal_backbone(path_or_url: str | os.PathLike, with_lm_head: bool = False,
-                         max_length: int = 512) -> Backbone:
+def load_causal_backbone(
+    path_or_url: str | os.PathLike, with_lm_head: bool = False, max_length: int = 512
+) -> Backbone:
     """A stock (causal) decoder checkpoint as it is: ``AutoModelForCausalLM`` or ``AutoModel``."""
     source = str(path_or_url)
     folder = storage.local_dir(source)
     read_checkpoint_config(folder, source)
     model_cls = AutoModelForCausalLM if with_lm_head else AutoModel
     model = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
-    return Backbone(model=model.eval(), tokenizer=load_tokenizer(folder), source=source,
-                    max_length=max_length, is_decoder=True)
+    return Backbone(
+        model=model.eval(),
+        tokenizer=load_tokenizer(folder),
+        source=source,
+        max_length=max_length,
+        is_decoder=True,
+    )
 
 
 def last_token_pool(token_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -34,8 +40,9 @@ def last_token_pool(token_states: torch.Tensor, attention_mask: torch.Tensor) ->
     return token_states[torch.arange(token_states.shape[0], device=token_states.device), last]
 
 
-def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def next_token_loss(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss, accuracy)`` of next-token prediction over real tokens."""
     targets = input_ids[:, 1:]
     valid = attention_mask[:, 1:].bool()

@@ -105,7 +105,11 @@ def validate(cfg: TrainConfig) -> None:
         ("epochs", cfg.epochs >= 1, "must be >= 1"),
         ("optimizer.lr", cfg.optimizer.lr > 0, "must be > 0"),
         ("deepspeed.zero_stage", cfg.deepspeed.zero_stage in (0, 1, 2, 3), "must be 0, 1, 2 or 3"),
-        ("deepspeed.gradient_accumulation_steps", cfg.deepspeed.gradient_accumulation_steps >= 1, "must be >= 1"),
+        (
+            "deepspeed.gradient_accumulation_steps",
+            cfg.deepspeed.gradient_accumulation_steps >= 1,
+            "must be >= 1",
+        ),
         ("scaling.num_workers", cfg.scaling.num_workers >= 1, "must be >= 1"),
         ("scaling.cpus_per_worker", cfg.scaling.cpus_per_worker > 0, "must be > 0"),
         ("temperature", cfg.temperature is None or cfg.temperature > 0, "must be > 0"),
@@ -118,7 +122,9 @@ def validate(cfg: TrainConfig) -> None:
         if not ok:
             raise ConfigError(f"{name}: {message}")
     if isinstance(cfg.mask_id, str) and cfg.mask_id not in ("dream", "llada"):
-        raise ConfigError(f"mask_id: must be an integer token id, 'dream', 'llada' or null, got {cfg.mask_id!r}")
+        raise ConfigError(
+            f"mask_id: must be an integer token id, 'dream', 'llada' or null, got {cfg.mask_id!r}"
+        )
 
 
 def _coerce(value: Any, annotation: Any, name: str) -> Any:
@@ -146,14 +152,19 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         if origin is tuple:
             if len(value) != len(item_types):
                 raise ConfigError(f"{name}: must have {len(item_types)} items, got {value!r}")
-            return tuple(_coerce(v, t, f"{name}[{i}]") for i, (v, t) in enumerate(zip(value, item_types, strict=True)))
+            return tuple(
+                _coerce(v, t, f"{name}[{i}]") for i, (v, t) in enumerate(zip(value, item_types, strict=True))
+            )
         return [_coerce(v, item_types[0], f"{name}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(annotation):
         return from_dict(annotation, value, name)
     if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    if annotation is Any or (isinstance(annotation, type) and isinstance(value, annotation)
-                             and not (annotation is int and isinstance(value, bool))):
+    if annotation is Any or (
+        isinstance(annotation, type)
+        and isinstance(value, annotation)
+        and not (annotation is int and isinstance(value, bool))
+    ):
         return value
     raise ConfigError(f"{name}: must be {getattr(annotation, '__name__', annotation)}, got {value!r}")
 
@@ -168,7 +179,9 @@ def from_dict(cls: type, values: Any, prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown field (known: {sorted(fields)})")
+        raise ConfigError(
+            f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown field (known: {sorted(fields)})"
+        )
     kwargs = {}
     for name, f in fields.items():
         full = f"{prefix}.{name}" if prefix else name

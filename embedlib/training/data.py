@@ -82,7 +82,9 @@ def read_dataset(url: str, stage: str, declared_format: str | None = None, strea
     columns = set(dataset.columns() or [])
     missing = [c for c in REQUIRED_COLUMNS[stage] if c not in columns]
     if missing:
-        raise DataError(f"{url}: stage {stage!r} needs columns {list(REQUIRED_COLUMNS[stage])}, missing {missing}")
+        raise DataError(
+            f"{url}: stage {stage!r} needs columns {list(REQUIRED_COLUMNS[stage])}, missing {missing}"
+        )
     return dataset
 
 
@@ -117,7 +119,9 @@ def beir_pairs(dataset: BeirDataset, min_relevance: int = 1) -> list[dict]:
     for qid, docs in dataset.qrels.items():
         for did, relevance in docs.items():
             if relevance >= min_relevance:
-                rows.append({"query": dataset.queries[qid], "positive": texts[did], "query_id": qid, "doc_id": did})
+                rows.append(
+                    {"query": dataset.queries[qid], "positive": texts[did], "query_id": qid, "doc_id": did}
+                )
     return rows
 
 
@@ -145,8 +149,9 @@ def text_rows(paths: Iterable[str | Path], chars_per_row: int = 2000, min_chars:
 # --- hard-negative mining -----------------------------------------------------------------------------------
 
 
-def _triplets_from_ranking(pairs: Sequence[dict], dataset: BeirDataset, ranked: np.ndarray, k: int,
-                           skip_top: int) -> list[dict]:
+def _triplets_from_ranking(
+    pairs: Sequence[dict], dataset: BeirDataset, ranked: np.ndarray, k: int, skip_top: int
+) -> list[dict]:
     """Triplet rows: each pair plus the first ``k`` ranked documents that are not judged relevant."""
     doc_ids = dataset.doc_ids()
     texts = dataset.doc_texts()
@@ -158,23 +163,36 @@ def _triplets_from_ranking(pairs: Sequence[dict], dataset: BeirDataset, ranked: 
         if len(negatives) < k:
             short += 1
             continue
-        rows.append({**pair, "negatives": [texts[p] for p in negatives],
-                     "negative_ids": [doc_ids[p] for p in negatives]})
+        rows.append(
+            {
+                **pair,
+                "negatives": [texts[p] for p in negatives],
+                "negative_ids": [doc_ids[p] for p in negatives],
+            }
+        )
     if short:
         log.warning("%d of %d pairs had fewer than %d negatives and were dropped", short, len(pairs), k)
     return rows
 
 
-def mine_bm25_negatives(pairs: Sequence[dict], dataset: BeirDataset, k: int = 3, skip_top: int = 0,
-                        depth: int = 30) -> list[dict]:
+def mine_bm25_negatives(
+    pairs: Sequence[dict], dataset: BeirDataset, k: int = 3, skip_top: int = 0, depth: int = 30
+) -> list[dict]:
     """Triplets with BM25 hard negatives: top-ranked non-relevant documents (after ``skip_top``)."""
     index = BM25Index(dataset.doc_ids(), dataset.doc_texts())
     ranked, _ = index.search([p["query"] for p in pairs], depth)
     return _triplets_from_ranking(pairs, dataset, ranked, k, skip_top)
 
 
-def mine_embedding_negatives(pairs: Sequence[dict], dataset: BeirDataset, encoder, k: int = 3,
-                             skip_top: int = 0, depth: int = 30, batch: int = 256) -> list[dict]:
+def mine_embedding_negatives(
+    pairs: Sequence[dict],
+    dataset: BeirDataset,
+    encoder,
+    k: int = 3,
+    skip_top: int = 0,
+    depth: int = 30,
+    batch: int = 256,
+) -> list[dict]:
     """Triplets with hard negatives from an existing embedding model (an ``Encoder``, INT8 cosine)."""
     docs = encoder.encode(dataset.doc_texts(), quantization="int8", show_progress=True)
     queries = encoder.encode([p["query"] for p in pairs], quantization="int8")

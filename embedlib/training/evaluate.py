@@ -8,8 +8,14 @@ from embedlib.eval.run import evaluate_systems
 from embedlib.eval.systems import DenseSystem, ModelEmbeddings
 
 
-def retrieval_scores(encoder: Encoder, dataset_url: str, split: str = "test", cache: str | None = None,
-                     name: str = "model", quantization: str = "int8") -> dict[str, float]:
+def retrieval_scores(
+    encoder: Encoder,
+    dataset_url: str,
+    split: str = "test",
+    cache: str | None = None,
+    name: str = "model",
+    quantization: str = "int8",
+) -> dict[str, float]:
     """nDCG@10 / recall@100 / MRR@10 of ``encoder`` on a BEIR-layout dataset (exact FAISS search)."""
     dataset = load_beir(dataset_url, split)
     system = DenseSystem(ModelEmbeddings(name, encoder, cache=cache), quantization)

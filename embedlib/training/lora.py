@@ -11,8 +11,9 @@ from embedlib.training.config import LoraConfig
 
 def add_lora(model: torch.nn.Module, cfg: LoraConfig) -> PeftModel:
     """Freeze ``model`` and add trainable LoRA adapters on ``cfg.target_modules`` (DiffEmbed: r=16, all projections)."""
-    config = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                            target_modules=cfg.target_modules)
+    config = PeftLoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=cfg.target_modules
+    )
     return get_peft_model(model, config)
 
 

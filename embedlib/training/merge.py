@@ -30,8 +30,9 @@ def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
     return merged.view_as(a).to(a.dtype)
 
 
-def slerp_state_dicts(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], t: float
-                      ) -> dict[str, torch.Tensor]:
+def slerp_state_dicts(
+    first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], t: float
+) -> dict[str, torch.Tensor]:
     """Per-tensor SLERP of two state dicts with the same keys."""
     if set(first) != set(second):
         missing = sorted(set(first) ^ set(second))
@@ -39,8 +40,9 @@ def slerp_state_dicts(first: dict[str, torch.Tensor], second: dict[str, torch.Te
     return {name: slerp(first[name], second[name], t) for name in first}
 
 
-def merge_checkpoints(first: str | os.PathLike, second: str | os.PathLike, output: str | os.PathLike,
-                      t: float = 0.5) -> Encoder:
+def merge_checkpoints(
+    first: str | os.PathLike, second: str | os.PathLike, output: str | os.PathLike, t: float = 0.5
+) -> Encoder:
     """SLERP ``first`` (t=0) towards ``second`` (t=1) and save the result with ``Encoder.save_pretrained``."""
     if not 0.0 <= t <= 1.0:
         raise ValueError(f"t: must be in [0, 1], got {t}")

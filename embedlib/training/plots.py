@@ -20,7 +20,9 @@ def write_history(history: Sequence[dict], output: str, title: str) -> None:
     writer.writeheader()
     writer.writerows(history)
     storage.write_bytes_atomic(storage.join(output, "metrics.csv"), text.getvalue().encode())
-    storage.write_bytes_atomic(storage.join(output, "metrics.json"), json.dumps(list(history), indent=1).encode())
+    storage.write_bytes_atomic(
+        storage.join(output, "metrics.json"), json.dumps(list(history), indent=1).encode()
+    )
     storage.write_bytes_atomic(storage.join(output, "loss.png"), loss_curves_png({title: history}))
 
 

@@ -84,11 +84,13 @@ def make_engine(module: torch.nn.Module, cfg: TrainConfig, steps: int):
     import deepspeed
 
     parameters = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=cfg.optimizer.lr, betas=cfg.optimizer.betas,
-                                  weight_decay=cfg.optimizer.weight_decay)
+    optimizer = torch.optim.AdamW(
+        parameters, lr=cfg.optimizer.lr, betas=cfg.optimizer.betas, weight_decay=cfg.optimizer.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, steps))
-    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=deepspeed_config(cfg))
+    engine, _, _, _ = deepspeed.initialize(
+        model=module, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg)
+    )
     return engine
 
 
@@ -194,13 +196,19 @@ def worker_loop(config: dict) -> None:
             continue
         step += 1
         elapsed = time.perf_counter() - started
-        metrics = {"step": step, "epoch": epoch, "loss": loss, "lr": engine.get_lr()[0],
-                   "tokens_per_s": all_ranks_mean(tokens / elapsed) * context.get_world_size()}
+        metrics = {
+            "step": step,
+            "epoch": epoch,
+            "loss": loss,
+            "lr": engine.get_lr()[0],
+            "tokens_per_s": all_ranks_mean(tokens / elapsed) * context.get_world_size(),
+        }
         if resumed_from is not None:
             metrics["resumed_from_step"] = resumed_from
         if "accuracy" in out:
             metrics["masked_accuracy" if not cfg.causal else "next_token_accuracy"] = all_ranks_mean(
-                float(out["accuracy"]))
+                float(out["accuracy"])
+            )
         tokens, started = 0, time.perf_counter()
         history.append(metrics)
         if cfg.inject_failure_at_step == step and checkpoint is None:
@@ -222,8 +230,15 @@ def save_trained_model(parts, cfg: TrainConfig) -> None:
     encoder = parts.encoder
     model = merged(encoder.model)
     model.eval()
-    saved = Encoder(type(encoder.backbone)(model=model, tokenizer=encoder.tokenizer, source=encoder.source,
-                                           max_length=encoder.max_length, is_decoder=encoder.backbone.is_decoder))
+    saved = Encoder(
+        type(encoder.backbone)(
+            model=model,
+            tokenizer=encoder.tokenizer,
+            source=encoder.source,
+            max_length=encoder.max_length,
+            is_decoder=encoder.backbone.is_decoder,
+        )
+    )
     saved.save_pretrained(cfg.output)
 
 
@@ -264,11 +279,17 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
         train_loop_config={"train": to_dict(cfg), "steps": steps},
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
-            resources_per_worker={"CPU": cfg.scaling.cpus_per_worker, **({"GPU": 1} if cfg.scaling.use_gpu else {})},
+            num_workers=cfg.scaling.num_workers,
+            use_gpu=cfg.scaling.use_gpu,
+            resources_per_worker={
+                "CPU": cfg.scaling.cpus_per_worker,
+                **({"GPU": 1} if cfg.scaling.use_gpu else {}),
+            },
         ),
         run_config=ray.train.RunConfig(
-            name=cfg.run_name, storage_path=storage_path, storage_filesystem=filesystem,
+            name=cfg.run_name,
+            storage_path=storage_path,
+            storage_filesystem=filesystem,
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
             worker_runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.scaling.torch_threads or 1)}},
@@ -282,8 +303,12 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
         raise TrainingDiverged(result.metrics["diverged"])
     history = load_history(result.checkpoint)
     write_history(history, cfg.output, title=f"{cfg.stage}: {cfg.run_name}")
-    return TrainResult(output=cfg.output, steps=history[-1]["step"] if history else 0, history=history,
-                       checkpoint=result.checkpoint.path if result.checkpoint else None)
+    return TrainResult(
+        output=cfg.output,
+        steps=history[-1]["step"] if history else 0,
+        history=history,
+        checkpoint=result.checkpoint.path if result.checkpoint else None,
+    )
 
 
 def load_history(checkpoint) -> list[dict]:

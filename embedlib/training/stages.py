@@ -45,7 +45,9 @@ def resolve_mask_id(mask_id: int | str | None, tokenizer, vocab_size: int | None
     if mask_id is None:
         mask_id = tokenizer.mask_token_id
         if mask_id is None:
-            raise ValueError("mask_id: the tokenizer has no mask token; set mask_id to a rarely used token id")
+            raise ValueError(
+                "mask_id: the tokenizer has no mask token; set mask_id to a rarely used token id"
+            )
     size = vocab_size or len(tokenizer)  # a model's embedding rows may outnumber the tokenizer's tokens
     if not 0 <= mask_id < size:
         raise ValueError(f"mask_id: {mask_id} is outside the vocabulary (size {size})")
@@ -113,13 +115,18 @@ class ContrastiveModel(torch.nn.Module):
         if stage == "pair":
             temperature = cfg.temperature or PAIR_TEMPERATURE
             hashes = batch["doc_hash"]
-            loss = matryoshka(lambda a, b: pair_loss(a, b, temperature, cfg.false_negative_margin, hashes),
-                              [q, self.embed(batch["positive"])], self.dims)
+            loss = matryoshka(
+                lambda a, b: pair_loss(a, b, temperature, cfg.false_negative_margin, hashes),
+                [q, self.embed(batch["positive"])],
+                self.dims,
+            )
         elif stage == "triplet":
             temperature = cfg.temperature or TRIPLET_TEMPERATURE
             d = self.embed(batch["positive"])
             negatives = self.embed(batch["negatives"]).view(q.shape[0], -1, q.shape[1])
-            loss = matryoshka(lambda a, b, n: triplet_loss(a, b, n, temperature), [q, d, negatives], self.dims)
+            loss = matryoshka(
+                lambda a, b, n: triplet_loss(a, b, n, temperature), [q, d, negatives], self.dims
+            )
         else:
             loss = self.contextual(batch, q)
         return {"loss": loss}
@@ -134,10 +141,20 @@ class ContrastiveModel(torch.nn.Module):
         document = mean_pool(states, doc["attention_mask"].to(states.device))
         beta = contextual_beta(self.progress, *cfg.contextual_beta)
         return matryoshka(
-            lambda a, dd, ch: contextual_loss(a, dd, ch, batch["chunk_valid"], batch["gold"], batch["doc_hash"],
-                                              beta, cfg.temperature or PAIR_TEMPERATURE, cfg.contextual_alpha,
-                                              cfg.false_negative_margin),
-            [q, document, chunks], self.dims,
+            lambda a, dd, ch: contextual_loss(
+                a,
+                dd,
+                ch,
+                batch["chunk_valid"],
+                batch["gold"],
+                batch["doc_hash"],
+                beta,
+                cfg.temperature or PAIR_TEMPERATURE,
+                cfg.contextual_alpha,
+                cfg.false_negative_margin,
+            ),
+            [q, document, chunks],
+            self.dims,
         )
 
 
@@ -155,14 +172,19 @@ def build_stage(cfg: TrainConfig, seed: int) -> StageParts:
     """Load the starting checkpoint and wrap it in the stage's loss module and collator."""
     if cfg.stage == "pretrain":
         if cfg.causal:
-            backbone = causal_ablation.load_causal_backbone(cfg.model, with_lm_head=True,
-                                                            max_length=cfg.data.max_length)
+            backbone = causal_ablation.load_causal_backbone(
+                cfg.model, with_lm_head=True, max_length=cfg.data.max_length
+            )
             module = NextTokenLM(backbone.model)
         else:
-            backbone = load_backbone(cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length,
-                                     with_lm_head=True)
+            backbone = load_backbone(
+                cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length, with_lm_head=True
+            )
             module = DiffusionLM(
-                backbone.model, resolve_mask_id(cfg.mask_id, backbone.tokenizer, backbone.model.config.vocab_size), seed)
+                backbone.model,
+                resolve_mask_id(cfg.mask_id, backbone.tokenizer, backbone.model.config.vocab_size),
+                seed,
+            )
         encoder = Encoder(backbone)
         return StageParts(module, encoder, PretrainCollator(encoder, cfg.data.max_length))
     if cfg.causal:
@@ -223,8 +245,10 @@ class ContrastiveCollator:
                 bounds.append((len(ids), len(ids) + len(chunk_ids)))
                 ids.extend(chunk_ids)
             if int(gold) >= len(bounds):
-                raise ValueError(f"gold chunk {gold} does not fit in max_length={cfg.data.max_length} tokens "
-                                 f"/ max_chunks={cfg.max_chunks}")
+                raise ValueError(
+                    f"gold chunk {gold} does not fit in max_length={cfg.data.max_length} tokens "
+                    f"/ max_chunks={cfg.max_chunks}"
+                )
             documents.append(ids)
             spans.append(bounds)
             golds.append(int(gold))
