@@ -13,23 +13,24 @@ from transformers import AutoModel, AutoModelForCausalLM
 
 from embedlib import storage
 from embedlib.encoding.encoder import Encoder
-from embedlib.models.loading import Backbone, load_tokenizer, read_checkpoint_config
+from embedlib.models.loading import Backbone, checkpoint_max_length, load_tokenizer, read_checkpoint_config
 
 
 def load_causal_backbone(
-    path_or_url: str | os.PathLike, with_lm_head: bool = False, max_length: int = 512
+    path_or_url: str | os.PathLike, with_lm_head: bool = False, max_length: int | None = None
 ) -> Backbone:
     """A stock (causal) decoder checkpoint as it is: ``AutoModelForCausalLM`` or ``AutoModel``."""
     source = str(path_or_url)
     folder = storage.local_dir(source)
-    read_checkpoint_config(folder, source)
+    config = read_checkpoint_config(folder, source)
     model_cls = AutoModelForCausalLM if with_lm_head else AutoModel
     model = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    tokenizer = load_tokenizer(folder)
     return Backbone(
         model=model.eval(),
-        tokenizer=load_tokenizer(folder),
+        tokenizer=tokenizer,
         source=source,
-        max_length=max_length,
+        max_length=int(max_length or checkpoint_max_length(folder, tokenizer, config)),
         is_decoder=True,
     )
 
@@ -62,4 +63,4 @@ class LastTokenEncoder(Encoder):
 
     @classmethod
     def from_pretrained(cls, path_or_url, device=None, dtype=None, max_length=None) -> LastTokenEncoder:
-        return cls(load_causal_backbone(path_or_url, max_length=max_length or 512))
+        return cls(load_causal_backbone(path_or_url, max_length=max_length))
