@@ -86,7 +86,7 @@ def report_markdown(document: dict) -> str:
     if document.get("scale"):
         scale = document["scale"]
         keys = [key for key in next(iter(scale["points"].values()))[0] if key.startswith("recall@")]
-        rows = [[name, p["scale"], p["documents"], *(p[key] for key in keys)]
+        rows = [[name, f"{p['scale']:g}", p["documents"], *(p[key] for key in keys)]
                 for name, points in scale["points"].items() for p in points]
         parts += ["## Recall as the corpus grows", "", f"Distractors from `{scale['distractors']}`.", "",
                   markdown_table(["system", "scale", "documents", *keys], rows), "",
