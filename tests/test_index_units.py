@@ -8,7 +8,14 @@ import pytest
 from embedlib.encoding.quantize import cosine_similarity
 from embedlib.index.config import ConfigError, IndexJobConfig
 from embedlib.index.encode_stage import chunk_spans
-from embedlib.index.faiss_shards import deserialize, search_shard, shard_index, trained_template, unit_scale
+from embedlib.index.faiss_shards import (
+    default_params,
+    deserialize,
+    search_shard,
+    shard_index,
+    trained_template,
+    unit_scale,
+)
 from embedlib.index.manifest import encoding_key, redact_url
 from embedlib.index.reading import check_row
 from embedlib.index.sharded import merge_results
@@ -79,3 +86,15 @@ def test_encoding_key_and_redaction():
     assert encoding_key("w", "int8", None, None, 512) == encoding_key("w", "int8", None, None, 512)
     assert redact_url("s3://user:secret@bucket/x") == "s3://bucket/x"
     assert redact_url("/local/path") == "/local/path"
+
+
+def test_ivf_pq_trains_on_a_small_corpus():
+    vectors = np.random.default_rng(0).normal(size=(160, 32)).astype(np.float32)
+    cfg = IndexJobConfig(input="a", output="b", nlist=400)
+    params = default_params("ivf", "float", 32, vectors, len(vectors), cfg)
+    assert params["nlist"] <= 160 and 2 ** params["pq_nbits"] <= 160
+    index = deserialize(
+        shard_index(trained_template("float", "ivf", 32, params, vectors), vectors, "float", params), "float"
+    )
+    _, positions = search_shard(index, vectors, vectors[:10], 3, "float", "ivf", params)
+    assert list(positions[:, 0]) == list(range(10))

@@ -52,12 +52,15 @@ def default_params(
     """Index parameters for a corpus of ``total_rows`` (``sample`` drawn from it); ``cfg`` fields override."""
     params: dict = {"unit_scale": unit_scale(sample)} if quantization == "int8" else {}
     if index_type == "ivf":
-        params["nlist"] = cfg.nlist or max(1, min(int(4 * math.sqrt(total_rows)), total_rows // 39 or 1))
+        # k-means needs at least as many training vectors as centroids (coarse and PQ alike).
+        default_nlist = max(1, min(int(4 * math.sqrt(total_rows)), total_rows // 39 or 1))
+        params["nlist"] = max(1, min(cfg.nlist or default_nlist, len(sample)))
         params["nprobe"] = cfg.nprobe
         if quantization == "float":
             params["pq_m"] = cfg.pq_m or next(
                 m for m in (width // 8, width // 4, width // 2, width) if m >= 1 and width % m == 0
             )
+            params["pq_nbits"] = max(1, min(8, int(math.log2(max(2, len(sample))))))
     if index_type == "hnsw":
         params["hnsw_m"] = cfg.hnsw_m
         params["ef_search"] = cfg.ef_search
@@ -87,7 +90,9 @@ def empty_index(quantization: str, index_type: str, dim: int, params: dict):
     if index_type == "flat":
         return faiss.IndexFlatIP(dim)
     if index_type == "ivf":
-        return faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, params["nlist"], params["pq_m"], 8, ip)
+        return faiss.IndexIVFPQ(
+            faiss.IndexFlatIP(dim), dim, params["nlist"], params["pq_m"], params["pq_nbits"], ip
+        )
     return faiss.IndexHNSWFlat(dim, params["hnsw_m"], ip)
 
 
