@@ -211,15 +211,30 @@ def worker_loop(config: dict) -> None:
             )
         tokens, started = 0, time.perf_counter()
         history.append(metrics)
-        if cfg.inject_failure_at_step == step and checkpoint is None:
-            log.error("fault injection: worker %d exits at step %d", rank, step)
-            os._exit(1)
+        if cfg.inject_failure_at_step == step:
+            inject_failure_once(cfg, rank, step)
         if step % cfg.checkpoint_every == 0 or step == steps:
             save_checkpoint(engine, step, history, metrics, rank)
         elif step % cfg.log_every == 0:
             ray.train.report(metrics)
     if rank == 0:
         save_trained_model(parts, cfg)
+
+
+def inject_failure_once(cfg: TrainConfig, rank: int, step: int) -> None:
+    """Fault injection for resilience tests: the first time a run gets here, this worker process dies.
+
+    It waits first so the controller can register the last reported checkpoint (Ray Train collects reports
+    by polling; a worker that dies right after ``report`` can take that report with it, and the run then
+    resumes from the checkpoint before). A marker in the run's storage makes it fire once per run.
+    """
+    marker = storage.join(checkpoint_url(cfg), cfg.run_name, f"fault-injected-rank{rank}")
+    if storage.exists(marker):
+        return
+    storage.write_bytes_atomic(marker, str(step).encode())
+    time.sleep(10)
+    log.error("fault injection: worker %d exits at step %d", rank, step)
+    os._exit(1)
 
 
 def save_trained_model(parts, cfg: TrainConfig) -> None:
@@ -245,9 +260,14 @@ def save_trained_model(parts, cfg: TrainConfig) -> None:
 # --- the driver ----------------------------------------------------------------------------------------------------
 
 
+def checkpoint_url(cfg: TrainConfig) -> str:
+    """Where the run's checkpoints go: ``checkpoint_url``, else a folder beside ``output``."""
+    return cfg.checkpoint_url or cfg.output.rstrip("/") + "-checkpoints"
+
+
 def run_storage(cfg: TrainConfig) -> tuple[str, object]:
     """Ray Train ``storage_path`` and ``storage_filesystem`` for ``checkpoint_url`` (local or any fsspec URL)."""
-    url = cfg.checkpoint_url or storage.join(cfg.output.rstrip("/") + "-checkpoints")
+    url = checkpoint_url(cfg)
     if storage.is_local(url):
         path = Path(storage.strip_file_scheme(url)).resolve()
         path.mkdir(parents=True, exist_ok=True)
