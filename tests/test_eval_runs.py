@@ -113,7 +113,7 @@ def test_q2q_never_retrieves_the_query_itself(shared_data, minilm_path, tmp_path
 
 def test_recall_never_rises_as_distractors_are_added(cranfield, tiny_models, shared_data, tmp_path):
     config = EvalConfig(out=str(tmp_path), dataset=str(cranfield), models=[f"tiny={tiny_models['pplx-embed']}"],
-                        quantizations=["float", "binary"], bm25=True, distractors=str(shared_data / "text"),
+                        quantizations=["float", "binary"], distractors=str(shared_data / "text"),
                         scales=[1, 2, 4], max_length=48, show_progress=False)
     document = run_evaluation(config)
     points = document["scale"]["points"]
