@@ -22,26 +22,12 @@ import torch
 from embedlib.data import sample_corpus_texts
 from embedlib.encoding.quantize import mean_pool, quantize_int8
 from embedlib.models.loading import load_backbone
-from embedlib.models.tiny import make_tiny_checkpoint
-
-QWEN3_0_6B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=32768,
+from embedlib.models.tiny import (
+    H200_BF16_DENSE_TFLOPS,
+    QWEN3_0_6B_SHAPE,
+    TINY_QWEN3_SHAPE,
+    make_tiny_checkpoint,
 )
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-)
-H200_BF16_DENSE_TFLOPS = 989.0
 
 
 def forward_flops_per_doc(shape: dict, seq: int) -> float:
@@ -129,7 +115,7 @@ def main() -> None:
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.tiny
     device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
-    shape = TINY if args.tiny else QWEN3_0_6B
+    shape = TINY_QWEN3_SHAPE if args.tiny else QWEN3_0_6B_SHAPE
     if args.tiny:
         args.batch, args.steps, args.docs = 8, 3, 64
     print(

@@ -19,25 +19,13 @@ import time
 import torch
 
 from embedlib.models.bidirectional import BidirectionalQwen3ForMaskedLM, to_bidirectional_config
-from embedlib.models.tiny import tiny_qwen3_config
+from embedlib.models.tiny import H200_BF16_DENSE_TFLOPS, QWEN3_0_6B_SHAPE, tiny_qwen3_config
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.runner import make_engine
 from embedlib.training.stages import DiffusionLM
 
-QWEN3_0_6B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rope_theta=1_000_000,
-    tie_word_embeddings=True,
-)
 QWEN3_VOCAB = 151936
 QWEN3_MASK_ID = 151669  # first embedding row past the tokenizer's 151669 tokens: never produced by it
-H200_BF16_TFLOPS = 989.5  # dense, no sparsity
 
 
 def flops_per_token(config, seq_len: int, params: int) -> float:
@@ -68,14 +56,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.tiny
     if args.tiny:
         config = tiny_qwen3_config(2048)
         args.seq_len, args.batch_size, mask_id = min(args.seq_len, 256), min(args.batch_size, 4), 2047
     else:
-        config = tiny_qwen3_config(QWEN3_VOCAB, **QWEN3_0_6B)
+        config = tiny_qwen3_config(QWEN3_VOCAB, **QWEN3_0_6B_SHAPE)
         mask_id = QWEN3_MASK_ID
     init_single_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

@@ -19,6 +19,30 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerFast, Qwen3Co
 from embedlib.encoding.encoder import write_sentence_transformers_config
 from embedlib.models.bidirectional import BidirectionalQwen3Model, to_bidirectional_config
 
+# The published Qwen3-0.6B(-Base) shape, for throughput benchmarks of a random-init model of that size.
+QWEN3_0_6B_SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000,
+    tie_word_embeddings=True,
+)
+TINY_QWEN3_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
+H200_BF16_DENSE_TFLOPS = 989.5  # NVIDIA H200 SXM, bf16 tensor cores, dense (no sparsity)
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 FAMILIES = ("qwen3-causal", "qwen3-bidirectional", "pplx-embed", "bert")
 
@@ -55,19 +79,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrai
 
 def tiny_qwen3_config(vocab_size: int, **overrides) -> Qwen3Config:
     """A Qwen3 config a few hundred KB in size (shape knobs overridable)."""
-    fields = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
-    fields.update(overrides)
-    return Qwen3Config(**fields)
+    return Qwen3Config(**{"vocab_size": vocab_size, **TINY_QWEN3_SHAPE, **overrides})
 
 
 def make_tiny_checkpoint(
