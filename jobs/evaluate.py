@@ -1,7 +1,8 @@
 """Evaluate models and baselines: ``ray job submit --working-dir . -- python jobs/evaluate.py --dataset URL ...``.
 
 Q2D (default), Q2Q (``--q2q``: a query never retrieves itself) or bitext mining (``--bitext TATOEBA_URL``);
-every model in float/int8/binary side by side with BM25 and published indexes; ``--distractors URL --scale
+every model in float/int8/binary side by side with BM25 and published indexes (``--method diffretriever``:
+diffusion LMs' multi-vector dense, sparse and hybrid scores per K_q instead); ``--distractors URL --scale
 1,10,100`` grows the corpus and reports how recall falls. Writes metrics.json, per_query.json, report.md and
 PNG plots under ``--out`` (any fsspec URL). Bad input exits with status 2 and a message naming the file.
 """
@@ -34,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--q2q", action="store_true", default=None, help="query-to-query: ignore identical ids")
     parser.add_argument("--model", dest="models", action="append",
                         help="checkpoint PATH_OR_URL or NAME=PATH_OR_URL (repeatable)")
+    parser.add_argument("--method", choices=["dense", "diffretriever"],
+                        help="dense (default): pooled vectors; diffretriever: K mask tokens of a diffusion LM")
+    parser.add_argument("--k-query", type=comma_list(int), help="diffretriever: K_q values, e.g. 1,4 (default 4)")
+    parser.add_argument("--k-passage", type=int, help="diffretriever: K_p (default 16)")
+    parser.add_argument("--modes", type=comma_list(str), help="diffretriever: dense,sparse,hybrid (default: all)")
+    parser.add_argument("--dense-weight", type=float, help="diffretriever hybrid: weight of dense (default 0.5)")
     parser.add_argument("--quantization", dest="quantizations", type=comma_list(str),
                         help="comma list of float,int8,binary (default: all three)")
     parser.add_argument("--dim", type=int, help="Matryoshka dimension")

@@ -31,6 +31,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output", help=f"index root URL (default: {DEFAULT_OUTPUT})")
     parser.add_argument("--model", help="checkpoint folder or URL (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--method", choices=["dense", "diffretriever"],
+                        help="dense (default): one pooled vector per doc; diffretriever: K_p mask-token vectors "
+                             "+ a sparse vector per doc from a diffusion LM")
+    parser.add_argument("--k-passage", type=int, help="diffretriever: mask tokens per document (default 16)")
+    parser.add_argument("--k-query", type=int, help="diffretriever: mask tokens per query (default 4)")
+    parser.add_argument("--top-terms", type=int, help="diffretriever: terms kept per sparse vector (default 128)")
     parser.add_argument("--quantization", choices=["int8", "binary", "float"])
     parser.add_argument("--dim", type=int, help="Matryoshka dimension")
     parser.add_argument("--index-type", choices=["flat", "ivf", "hnsw"])

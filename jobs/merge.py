@@ -6,9 +6,13 @@ python jobs/merge.py --config jobs/configs/tiny-merge.yaml
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from embedlib.training.config import load_merge_config
-from embedlib.training.merge import merge_checkpoints
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
+
+from embedlib.training.config import load_merge_config  # noqa: E402
+from embedlib.training.merge import merge_checkpoints  # noqa: E402
 
 
 def main() -> None:

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from pathlib import Path
 
 import ray
 
-from embedlib.models.tiny import make_tiny_checkpoint
-from embedlib.training.config import TrainConfig, load_config, parse_overrides
-from embedlib.training.data import text_rows, write_rows
-from embedlib.training.runner import train
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
+
+from embedlib.models.tiny import make_tiny_checkpoint  # noqa: E402
+from embedlib.training.config import TrainConfig, load_config, parse_overrides  # noqa: E402
+from embedlib.training.data import text_rows, write_rows  # noqa: E402
+from embedlib.training.runner import train  # noqa: E402
 
 
 def prepare_tiny(cfg: TrainConfig, text_dir: str) -> None:

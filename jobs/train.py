@@ -1,25 +1,39 @@
-"""Contrastive training stage (pair | contextual | triplet) from a YAML config, on Ray Train + DeepSpeed.
+"""Contrastive training stage (pair | contextual | triplet | diffretriever) from a YAML config, on Ray Train +
+DeepSpeed.
 
     ray job submit --working-dir . -- python jobs/train.py --config jobs/configs/tiny-pair.yaml
     python jobs/train.py --config jobs/configs/tiny-triplet.yaml --prepare-beir ../shared/data/scifact \\
         --negatives bm25 --set optimizer.lr=5e-5
+    python jobs/train.py --stage diffretriever --config jobs/configs/tiny-diffretriever.yaml \\
+        --prepare-beir ../shared/data/scifact
 
 ``--prepare-beir`` first writes the config's ``data.url`` from a BEIR-layout dataset (qrels -> pairs,
-plus hard negatives mined with BM25 or an embedding model for triplets).
+plus hard negatives mined with BM25 or an embedding model for triplets, and for diffretriever with
+``hard_negatives > 0``).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
+from pathlib import Path
 
 import ray
 
-from embedlib.encoding.encoder import Encoder
-from embedlib.eval.beir import load_beir
-from embedlib.training.config import TrainConfig, load_config, parse_overrides
-from embedlib.training.data import beir_pairs, mine_bm25_negatives, mine_embedding_negatives, write_rows
-from embedlib.training.runner import train
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
+
+from embedlib.encoding.encoder import Encoder  # noqa: E402
+from embedlib.eval.beir import load_beir  # noqa: E402
+from embedlib.training.config import TrainConfig, load_config, parse_overrides  # noqa: E402
+from embedlib.training.data import (  # noqa: E402
+    beir_pairs,
+    mine_bm25_negatives,
+    mine_embedding_negatives,
+    row_format,
+    write_rows,
+)
+from embedlib.training.runner import train  # noqa: E402
 
 
 def prepare_beir(cfg: TrainConfig, url: str, split: str, negatives: str) -> None:
@@ -27,19 +41,20 @@ def prepare_beir(cfg: TrainConfig, url: str, split: str, negatives: str) -> None
     dataset = load_beir(url, split)
     pairs = beir_pairs(dataset)
     random.Random(cfg.seed).shuffle(pairs)
-    if cfg.stage == "triplet":
+    rows = row_format(cfg.stage, cfg.hard_negatives)
+    if rows == "triplet":
         if negatives == "bm25":
             pairs = mine_bm25_negatives(pairs, dataset, k=cfg.hard_negatives)
         else:
             encoder = Encoder.from_pretrained(negatives.removeprefix("model:"))
             pairs = mine_embedding_negatives(pairs, dataset, encoder, k=cfg.hard_negatives)
-    elif cfg.stage != "pair":
+    elif rows != "pair":
         raise SystemExit(f"--prepare-beir writes pair or triplet data, not {cfg.stage!r}")
     write_rows(pairs, cfg.data.url)
-    print(f"wrote {len(pairs)} {cfg.stage} rows to {cfg.data.url}")
+    print(f"wrote {len(pairs)} {rows} rows to {cfg.data.url}")
 
 
-def main(stages: tuple[str, ...] = ("pair", "contextual", "triplet")) -> None:
+def main(stages: tuple[str, ...] = ("pair", "contextual", "triplet", "diffretriever")) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

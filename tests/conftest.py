@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -93,3 +94,24 @@ def ray_cluster(s3_endpoint):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     yield ray
     ray.shutdown()
+
+
+def write_beir_subset(source: Path, target: Path, n_queries: int, n_extra_docs: int, split: str = "test") -> Path:
+    """A BEIR folder with the first ``n_queries`` judged queries, their judged docs and ``n_extra_docs`` others."""
+    from embedlib.eval.beir import load_beir
+
+    dataset = load_beir(str(source), split)
+    queries = dict(list(dataset.judged_queries().items())[:n_queries])
+    qrels = {q: dataset.qrels[q] for q in queries}
+    keep = {d for docs in qrels.values() for d in docs} | set(list(dataset.corpus)[:n_extra_docs])
+    (target / "qrels").mkdir(parents=True)
+    with open(target / "corpus.jsonl", "w") as f:
+        for did, doc in dataset.corpus.items():
+            if did in keep:
+                f.write(json.dumps({"_id": did, **doc}) + "\n")
+    with open(target / "queries.jsonl", "w") as f:
+        for qid, text in queries.items():
+            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q, docs in qrels.items() for d, r in docs.items()]
+    (target / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return target

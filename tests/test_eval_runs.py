@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_beir_subset
 
 from embedlib import storage
 from embedlib.eval.beir import DatasetError, load_beir
@@ -20,28 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def write_subset(source: Path, target: Path, n_queries: int, n_extra_docs: int, split: str = "test") -> Path:
-    """A BEIR folder with the first ``n_queries`` judged queries, their judged docs and ``n_extra_docs`` others."""
-    dataset = load_beir(str(source), split)
-    queries = dict(list(dataset.judged_queries().items())[:n_queries])
-    qrels = {q: dataset.qrels[q] for q in queries}
-    keep = {d for docs in qrels.values() for d in docs} | set(list(dataset.corpus)[:n_extra_docs])
-    (target / "qrels").mkdir(parents=True)
-    with open(target / "corpus.jsonl", "w") as f:
-        for did, doc in dataset.corpus.items():
-            if did in keep:
-                f.write(json.dumps({"_id": did, **doc}) + "\n")
-    with open(target / "queries.jsonl", "w") as f:
-        for qid, text in queries.items():
-            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
-    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q, docs in qrels.items() for d, r in docs.items()]
-    (target / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
-    return target
-
-
 @pytest.fixture(scope="module")
 def cranfield(shared_data, tmp_path_factory) -> Path:
-    return write_subset(shared_data / "cranfield", tmp_path_factory.mktemp("cranfield"), 10, 40)
+    return write_beir_subset(shared_data / "cranfield", tmp_path_factory.mktemp("cranfield"), 10, 40)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +78,7 @@ def test_report_files_exist_and_parse(side_by_side, cranfield):
 
 
 def test_q2q_never_retrieves_the_query_itself(shared_data, minilm_path, tmp_path):
-    quora = write_subset(shared_data / "quora-q2q", tmp_path / "quora", 10, 60)
+    quora = write_beir_subset(shared_data / "quora-q2q", tmp_path / "quora", 10, 60)
     dataset = load_beir(str(quora))
     queries = dataset.judged_queries()
     model = ModelEmbeddings.load("minilm", str(minilm_path), max_length=32, show_progress=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from embedlib.encoding.quantize import (
     quantize,
     truncate,
 )
-from embedlib.models.loading import Backbone, load_backbone
+from embedlib.models.loading import Backbone, load_backbone, state_dict_hash
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +92,7 @@ class Encoder:
     def weights_hash(self) -> str:
         """sha256 over every parameter and buffer (name, dtype, shape, bytes): identifies the weights."""
         if self._weights_hash is None:
-            digest = hashlib.sha256()
-            for name, tensor in sorted(self.model.state_dict().items()):
-                data = tensor.detach().cpu().contiguous()
-                digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}".encode())
-                digest.update(data.view(torch.uint8).numpy().tobytes())
-            self._weights_hash = digest.hexdigest()
+            self._weights_hash = state_dict_hash(self.model)
         return self._weights_hash
 
     # --- tokenization -----------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from embedlib.encoding.batching import pad_batch, plan_batches
 from embedlib.encoding.encoder import check_texts
 from embedlib.models.bidirectional import bidirectional_attention_mask
-from embedlib.models.diffusion_lm import DiffusionLM, load_causal_lm, load_diffusion_lm
+from embedlib.models.diffusion_lm import DiffusionLM, load_causal_lm, load_diffusion_lm, save_diffusion_lm
+from embedlib.models.loading import state_dict_hash
 
 Kind = Literal["query", "passage"]
 KINDS = ("query", "passage")
@@ -71,6 +72,10 @@ class RepresentativeTokens:
     def __len__(self) -> int:
         return len(self.dense)
 
+    def head(self, n: int) -> RepresentativeTokens:
+        """The first ``n`` texts' tokens."""
+        return RepresentativeTokens(dense=self.dense[:n], sparse=self.sparse[:n], k=self.k)
+
 
 @dataclass
 class RepresentativeStats:
@@ -96,10 +101,17 @@ def excluded_term_ids(tokenizer, vocab_size: int) -> np.ndarray:
     return excluded
 
 
-def sparse_from_logits(logits: torch.Tensor, excluded: torch.Tensor, top_terms: int) -> sp.csr_matrix:
-    """``log(1+ReLU(logits))`` max-pooled over K, top ``top_terms`` per row: ``(B, K, V) -> CSR (B, V)``."""
+def term_weights(logits: torch.Tensor, excluded: torch.Tensor | None = None) -> torch.Tensor:
+    """``log(1+ReLU(logits))`` max-pooled over K ``(B, K, V) -> (B, V)``, ``excluded`` ids (bool ``(V,)``) 0."""
     weights = torch.log1p(torch.relu(logits.float())).amax(dim=1)
-    weights[:, excluded] = 0.0
+    if excluded is not None:
+        weights = weights.masked_fill(excluded.to(weights.device), 0.0)
+    return weights
+
+
+def sparse_from_logits(logits: torch.Tensor, excluded: torch.Tensor, top_terms: int) -> sp.csr_matrix:
+    """:func:`term_weights`, top ``top_terms`` per row: ``(B, K, V) -> CSR (B, V)``."""
+    weights = term_weights(logits, excluded)
     keep = min(top_terms, weights.shape[1])
     values, ids = torch.topk(weights, keep, dim=1)
     values, ids = values.cpu().numpy(), ids.cpu().numpy()
@@ -129,10 +141,16 @@ class _RepresentativeBase:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prompt_ids(
-        self, texts: Sequence[str], k: int, kind: Kind, masks: list[int], tail: list[int]
+        self,
+        texts: Sequence[str],
+        k: int,
+        kind: Kind,
+        masks: list[int],
+        tail: list[int],
+        max_text_tokens: int | None = None,
     ) -> tuple[list[list[int]], int]:
-        """``prefix + text + instruction + masks + tail`` ids per text, the text cut to fit ``max_length``;
-        and how many texts were cut."""
+        """``prefix + text + instruction + masks + tail`` ids per text, the text cut to fit ``max_length``
+        (and ``max_text_tokens`` when given); and how many texts were cut."""
         prefix, instruction = self.template.parts(k, kind)
         head, middle = self._ids(prefix), self._ids(instruction)
         budget = self.max_length - len(head) - len(middle) - len(masks) - len(tail)
@@ -141,6 +159,8 @@ class _RepresentativeBase:
                 f"max_length={self.max_length} leaves no room for text with k={k} "
                 f"({len(head) + len(middle) + len(masks) + len(tail)} prompt tokens)"
             )
+        if max_text_tokens is not None:
+            budget = min(budget, max_text_tokens)
         texts = check_texts(texts)
         bodies = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         truncated = sum(len(body) > budget for body in bodies)
@@ -190,11 +210,23 @@ class DiffRetrieverEncoder(_RepresentativeBase):
     def dim(self) -> int:
         return self.lm.dim
 
-    def masked_prompts(self, texts: Sequence[str], k: int, kind: Kind) -> tuple[list[list[int]], int]:
+    @property
+    def weights_hash(self) -> str:
+        """sha256 of the LM's weights (head included): what an index built with it records."""
+        if getattr(self, "_weights_hash", None) is None:
+            self._weights_hash = state_dict_hash(self.model)
+        return self._weights_hash
+
+    def masked_prompts(
+        self, texts: Sequence[str], k: int, kind: Kind, max_text_tokens: int | None = None
+    ) -> tuple[list[list[int]], int]:
         """Prompt ids ending in K mask tokens and the tail, and how many texts were truncated."""
-        return self.prompt_ids(
-            texts, check_k(k), kind, [self.lm.mask_token_id] * k, self._ids(self.template.tail)
-        )
+        masks = [self.lm.mask_token_id] * check_k(k)
+        return self.prompt_ids(texts, k, kind, masks, self._ids(self.template.tail), max_text_tokens)
+
+    def save_pretrained(self, path_or_url: str | os.PathLike) -> None:
+        """Write the LM (head, mask token id and on-disk format kept) so ``from_pretrained`` loads it."""
+        save_diffusion_lm(self.lm, path_or_url)
 
     def states_and_logits(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from embedlib.encoding.quantize import QUANTIZATIONS
+from embedlib.encoding.representative_tokens import DEFAULT_K_PASSAGE, DEFAULT_K_QUERY, DiffRetrieverEncoder
 from embedlib.eval.beir import load_beir
 from embedlib.eval.bitext import load_tatoeba, tatoeba_languages
 from embedlib.eval.distractors import load_distractors
@@ -21,8 +22,13 @@ from embedlib.eval.systems import (
     System,
     model_name,
 )
+from embedlib.search.diffretriever import DiffRetrieverSettings, DiffRetrieverSystem, PassageEncodings
+from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES
 
 log = logging.getLogger(__name__)
+
+
+METHODS = ("dense", "diffretriever")
 
 
 class EvalConfigError(ValueError):
@@ -38,6 +44,13 @@ class EvalConfig:
     split: str = "test"
     q2q: bool = False  # the corpus is a pool of queries; a query never retrieves itself
     models: list[str] = field(default_factory=list)  # PATH_OR_URL or NAME=PATH_OR_URL
+    # "dense": pooled single vectors per quantization; "diffretriever": a diffusion LM's K mask-token
+    # vectors (MaxSim) and sparse vectors, per K_q and scoring mode (models must be diffusion checkpoints).
+    method: str = "dense"
+    k_query: list[int] = field(default_factory=lambda: [DEFAULT_K_QUERY])  # diffretriever: K_q values
+    k_passage: int = DEFAULT_K_PASSAGE  # diffretriever
+    modes: list[str] = field(default_factory=lambda: list(MODES))  # diffretriever: dense, sparse, hybrid
+    dense_weight: float = DEFAULT_DENSE_WEIGHT  # diffretriever hybrid
     quantizations: list[str] = field(default_factory=lambda: list(QUANTIZATIONS))
     dim: int | None = None  # Matryoshka truncation
     bm25: bool = False
@@ -67,6 +80,10 @@ class EvalConfig:
             raise EvalConfigError("dataset: a dataset URL is required (or bitext for bitext mining)")
         if not (self.models or self.bm25 or self.indexes):
             raise EvalConfigError("models: name at least one model, bm25 or an index")
+        if self.method not in METHODS:
+            raise EvalConfigError(f"method: must be one of {METHODS}, got {self.method!r}")
+        if self.method == "diffretriever":
+            self.validate_diffretriever()
         bad = [q for q in self.quantizations if q not in QUANTIZATIONS]
         if bad or not self.quantizations:
             raise EvalConfigError(f"quantizations: each must be one of {QUANTIZATIONS}, got {self.quantizations}")
@@ -84,9 +101,36 @@ class EvalConfig:
             raise EvalConfigError(f"distractor_max_words: must be >= 1, got {self.distractor_max_words}")
         return self
 
+    def validate_diffretriever(self) -> None:
+        if not self.k_query or any(not isinstance(k, int) or k < 1 for k in self.k_query):
+            raise EvalConfigError(f"k_query: integers >= 1, got {self.k_query}")
+        if not isinstance(self.k_passage, int) or self.k_passage < 1:
+            raise EvalConfigError(f"k_passage: an integer >= 1, got {self.k_passage!r}")
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise EvalConfigError(f"modes: each must be one of {MODES}, got {self.modes}")
+        if not 0 <= self.dense_weight <= 1:
+            raise EvalConfigError(f"dense_weight: must be in [0, 1], got {self.dense_weight}")
+        if self.ann or self.bitext:
+            raise EvalConfigError("ann/bitext: not available with method diffretriever")
+
+
+def diffretriever_systems(config: EvalConfig) -> list[System]:
+    """One system per model, K_q and mode; a model's corpus is encoded once and shared by its systems."""
+    systems: list[System] = []
+    for name, path in map(model_name, config.models):
+        encoder = DiffRetrieverEncoder.from_pretrained(path, max_length=config.max_length)
+        corpus = PassageEncodings(encoder, config.k_passage, show_progress=config.show_progress)
+        for k_query in config.k_query:
+            for mode in config.modes:
+                settings = DiffRetrieverSettings(k_query=k_query, k_passage=config.k_passage, mode=mode,
+                                                 dense_weight=config.dense_weight)
+                systems.append(DiffRetrieverSystem(f"{name}/Kq={k_query}/{mode}", encoder, settings,
+                                                   show_progress=config.show_progress, corpus=corpus))
+    return systems
+
 
 def make_systems(config: EvalConfig, models: list[ModelEmbeddings]) -> list[System]:
-    systems: list[System] = []
+    systems: list[System] = diffretriever_systems(config) if config.method == "diffretriever" else []
     for model in models:
         for quantization in config.quantizations:
             systems.append(DenseSystem(model, quantization, config.dim))
@@ -97,14 +141,14 @@ def make_systems(config: EvalConfig, models: list[ModelEmbeddings]) -> list[Syst
     return systems
 
 
-def index_systems(config: EvalConfig, models: list[ModelEmbeddings]) -> list[System]:
-    """Published indexes; a loaded model with the index's weights serves as its query encoder."""
+def index_systems(config: EvalConfig, encoders: list) -> list[System]:
+    """Published indexes; a loaded encoder with the index's weights serves as its query encoder."""
     from embedlib.index.manifest import read_manifest
 
     systems: list[System] = []
     for url in config.indexes:
         weights = read_manifest(url)["model"]["weights_hash"]
-        encoder = next((m.encoder for m in models if m.encoder.weights_hash == weights), None)
+        encoder = next((e for e in encoders if e.weights_hash == weights), None)
         systems.append(ShardedIndexSystem(url, model=encoder))
     return systems
 
@@ -112,16 +156,18 @@ def index_systems(config: EvalConfig, models: list[ModelEmbeddings]) -> list[Sys
 def run_evaluation(config: EvalConfig) -> dict:
     """Run every mode the config asks for, write the report under ``config.out``; returns ``metrics.json``."""
     config.validate()
+    dense_models = config.models if config.method == "dense" else []
     models = [ModelEmbeddings.load(name, path, config.cache, config.max_length, config.show_progress)
-              for name, path in map(model_name, config.models)]
+              for name, path in map(model_name, dense_models)]
     systems = make_systems(config, models)
+    encoders = [m.encoder for m in models] + [s.encoder for s in systems if isinstance(s, DiffRetrieverSystem)]
     dataset_info: dict[str, Any] = {"source": config.dataset, "split": config.split,
                                     "mode": "q2q" if config.q2q else "q2d"}
     results, scale, bitext = [], None, None
     if config.dataset:
         dataset = load_beir(config.dataset, config.split)
         dataset_info.update(queries=len(dataset.judged_queries()), documents=len(dataset.corpus))
-        results = evaluate_systems(dataset, systems + index_systems(config, models), q2q=config.q2q)
+        results = evaluate_systems(dataset, systems + index_systems(config, encoders), q2q=config.q2q)
         if config.distractors and systems:
             needed = max(n for _, n in scale_sizes(len(dataset.corpus), config.scales))
             texts = load_distractors(config.distractors, needed, config.distractor_max_words)

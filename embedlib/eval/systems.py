@@ -199,11 +199,13 @@ class ShardedIndexSystem(System):
         self.url = url
         self.index = ShardedIndex.open(url, model=model)
         manifest = self.index.manifest
-        self.name = name or f"index:{url.rstrip('/').rsplit('/', 1)[-1]}/{manifest['quantization']}"
+        stored = "diffretriever" if self.index.method == "diffretriever" else manifest["quantization"]
+        self.name = name or f"index:{url.rstrip('/').rsplit('/', 1)[-1]}/{stored}"
 
     def describe(self) -> dict:
         manifest = self.index.manifest
-        return {"kind": self.kind, "url": self.url, "quantization": manifest["quantization"],
+        return {"kind": self.kind, "url": self.url, "method": self.index.method,
+                "quantization": manifest["quantization"],
                 "dim": manifest["dim"], "model": manifest["model"].get("source"),
                 "index_type": manifest.get("index_type"), "version": manifest.get("version")}
 

@@ -28,6 +28,7 @@ from embedlib.index.config import IndexJobConfig, IndexSummary
 from embedlib.index.encode_stage import column_matrix, encode_rows, vectors_column
 from embedlib.index.faiss_shards import default_params, shard_index, trained_template
 from embedlib.index.reading import InputError, input_snapshot, ray_filesystem, read_rows
+from embedlib.index.representative_shards import DEFAULT_PARAMS, SPARSE_COLUMNS
 from embedlib.models.loading import default_model_path
 
 log = logging.getLogger(__name__)
@@ -44,10 +45,23 @@ def ensure_ray() -> None:
         ray.init(ignore_reinit_error=True)
 
 
-def model_identity(model: str) -> tuple[str, int, int]:
-    """``(weights hash, max_length, width)`` of the model the index is built with."""
+def model_identity(model: str, cfg: IndexJobConfig) -> dict:
+    """``weights_hash``, ``max_length`` and ``width`` (and, for DiffRetriever, ``vocab_size``) of the model."""
+    if cfg.method == "diffretriever":
+        from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
+
+        lm = DiffRetrieverEncoder.from_pretrained(model, device="cpu", top_terms=cfg.top_terms)
+        return {"weights_hash": lm.weights_hash, "max_length": lm.max_length, "width": lm.dim,
+                "vocab_size": lm.vocab_size}
     encoder = Encoder.from_pretrained(model, device="cpu")
-    return encoder.weights_hash, encoder.max_length, encoder.dim
+    return {"weights_hash": encoder.weights_hash, "max_length": encoder.max_length, "width": encoder.dim}
+
+
+def method_spec(cfg: IndexJobConfig) -> dict | None:
+    """What, besides the model, decides a DiffRetriever encoding (None for the dense method)."""
+    if cfg.method != "diffretriever":
+        return None
+    return {"method": cfg.method, "k_passage": cfg.k_passage, "top_terms": cfg.top_terms}
 
 
 def read_catalog(rows: ray.data.Dataset, url: str) -> tuple[ray.data.Dataset, pd.DataFrame]:
@@ -85,12 +99,12 @@ def parquet_files(url: str) -> list[str]:
     return sorted(f for f in fs.find(path) if f.endswith(".parquet")) if fs.exists(path) else []
 
 
-def read_vectors(url: str, files: list[str], needed: set[str]) -> pa.Table | None:
-    """Rows of ``VECTOR_COLUMNS`` from parquet ``files`` whose content hash is in ``needed``."""
+def read_vectors(url: str, files: list[str], needed: set[str], columns: list[str]) -> pa.Table | None:
+    """Rows of ``columns`` from parquet ``files`` whose content hash is in ``needed``."""
     fs, _ = storage.filesystem(url)
     tables = []
     for path in files:
-        table = pq.read_table(path, columns=VECTOR_COLUMNS, filesystem=fs)
+        table = pq.read_table(path, columns=columns, filesystem=fs)
         keep = np.fromiter(
             (h in needed for h in table.column("content_hash").to_pylist()), bool, table.num_rows
         )
@@ -146,6 +160,27 @@ def write_shard(
     }
 
 
+@ray.remote(num_cpus=0.5)
+def write_representative_shard(
+    base: str, name: str, table: pa.Table, k: int, dim: int, vocab_size: int, params: dict
+) -> dict:
+    """Write one DiffRetriever shard (parquet, multi-vector FAISS, postings); returns its manifest entry."""
+    from embedlib.index.representative_shards import shard_index_files
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    files = {"parquet": buffer.getvalue(), **shard_index_files(table, k, dim, vocab_size, params)}
+    for suffix, data in files.items():
+        storage.write_bytes_atomic(storage.join(base, f"{name}.{suffix}"), data)
+    return {
+        "name": name,
+        "rows": table.num_rows,
+        "docs": table.num_rows,
+        "bytes": sum(len(data) for data in files.values()),
+        **{f"{suffix.split('.')[0]}_sha256": hashlib.sha256(data).hexdigest() for suffix, data in files.items()},
+    }
+
+
 def encode_missing(
     rows: ray.data.Dataset, todo: set[str], cfg: IndexJobConfig, model: str, staging: str
 ) -> None:
@@ -170,9 +205,14 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
 
     rows_ds, files = read_rows(cfg)
     rows, catalog = read_catalog(rows_ds, cfg.input)
-    weights_hash, max_length, width = model_identity(model)
-    key = manifests.encoding_key(weights_hash, cfg.quantization, cfg.dim, cfg.chunk_tokens, max_length)
-    dim = cfg.dim or width
+    identity = model_identity(model, cfg)
+    weights_hash, max_length = identity["weights_hash"], identity["max_length"]
+    key = manifests.encoding_key(
+        weights_hash, cfg.quantization, cfg.dim, cfg.chunk_tokens, max_length, method_spec(cfg)
+    )
+    dim = cfg.dim or identity["width"]
+    diffretriever = cfg.method == "diffretriever"
+    columns_in = VECTOR_COLUMNS + (SPARSE_COLUMNS if diffretriever else [])
 
     previous = manifests.published_manifest(out)
     version = max([previous["version"] if previous else 0, *manifests.version_folders(out)]) + 1
@@ -201,29 +241,37 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
     encode_seconds = time.perf_counter() - encode_started
 
     sources = [*reusable, *(full_url(staging, f) for f in parquet_files(staging))]
-    vectors = read_vectors(out, sources, set(docs["content_hash"]))
+    vectors = read_vectors(out, sources, set(docs["content_hash"]), columns_in)
     index_rows, positions = shard_rows(docs, vectors, cfg.chunk_tokens is not None)
     missing = set(docs["content_hash"]) - set(index_rows["content_hash"])
     if missing:
         raise RuntimeError(
             f"{len(missing)} documents have no vector after encoding (e.g. {sorted(missing)[:3]})"
         )
-    matrix = column_matrix(vectors.column("vector"), output_dtype(cfg.quantization))[positions]
-
-    sample = matrix[np.random.default_rng(0).permutation(len(matrix))[: cfg.train_sample]]
-    params = default_params(cfg.index_type, cfg.quantization, dim, sample, len(matrix), cfg)
-    template = trained_template(cfg.quantization, cfg.index_type, dim, params, sample)
-    template_ref = ray.put(template)
     shard_of = index_rows["order"].to_numpy() // cfg.shard_size
     columns = ["id", "doc_id", "chunk", "start", "end", "tokens", "content_hash"]
+    if diffretriever:
+        params = dict(DEFAULT_PARAMS)
+        stored = vectors.select(["vector", *SPARSE_COLUMNS]).take(pa.array(positions))
+    else:
+        matrix = column_matrix(vectors.column("vector"), output_dtype(cfg.quantization))[positions]
+        sample = matrix[np.random.default_rng(0).permutation(len(matrix))[: cfg.train_sample]]
+        params = default_params(cfg.index_type, cfg.quantization, dim, sample, len(matrix), cfg)
+        template_ref = ray.put(trained_template(cfg.quantization, cfg.index_type, dim, params, sample))
     pending = []
     for shard in range(int(shard_of.max()) + 1 if len(shard_of) else 0):
         take = np.flatnonzero(shard_of == shard)
         table = pa.Table.from_pandas(index_rows.loc[take, columns], preserve_index=False)
-        table = table.append_column("vector", vectors_column(matrix[take]))
-        pending.append(
-            write_shard.remote(base, f"shard-{shard:05d}", table, template_ref, cfg.quantization, dim, params)
-        )
+        name = f"shard-{shard:05d}"
+        if diffretriever:
+            for column in ["vector", *SPARSE_COLUMNS]:
+                table = table.append_column(column, stored.column(column).take(pa.array(take)))
+            pending.append(write_representative_shard.remote(
+                base, name, table, cfg.k_passage, dim, identity["vocab_size"], params
+            ))
+        else:
+            table = table.append_column("vector", vectors_column(matrix[take]))
+            pending.append(write_shard.remote(base, name, table, template_ref, cfg.quantization, dim, params))
     shards = [ray.get(ref) for ref in tqdm(pending, desc="write shards", disable=not cfg.show_progress)]
 
     manifest = {
@@ -237,10 +285,11 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
             "max_length": max_length,
         },
         "encoding_key": key,
-        "quantization": cfg.quantization,
+        "method": cfg.method,
+        "quantization": "float" if diffretriever else cfg.quantization,
         "dim": dim,
         "chunk_tokens": cfg.chunk_tokens,
-        "index": {"type": cfg.index_type, "params": params},
+        "index": {"type": "multivector+sparse" if diffretriever else cfg.index_type, "params": params},
         "input": input_snapshot(cfg.input, files) | {"url": manifests.redact_url(cfg.input)},
         "shards": shards,
         "counts": {
@@ -254,6 +303,9 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         },
         "rejects": "rejects.jsonl" if rejects_url else None,
     }
+    if diffretriever:
+        manifest.update(k_passage=cfg.k_passage, k_query=cfg.k_query, top_terms=cfg.top_terms,
+                        vocab_size=identity["vocab_size"])
     manifests.publish(out, manifest)
     fs, staging_path = storage.filesystem(staging)
     if fs.exists(staging_path):

@@ -9,6 +9,7 @@ from typing import Any
 from embedlib.encoding.quantize import QUANTIZATIONS
 
 INDEX_TYPES = ("flat", "ivf", "hnsw")
+METHODS = ("dense", "diffretriever")
 INPUT_FORMATS = ("auto", "jsonl", "parquet")
 
 
@@ -23,6 +24,12 @@ class IndexJobConfig:
     input: str
     output: str
     model: str | None = None  # None: the embedded default model (all-MiniLM-L6-v2)
+    # "dense": one pooled vector per document (or chunk); "diffretriever": a diffusion LM's K_p mask-token
+    # vectors (multi-vector, MaxSim) and a sparse term vector per document, from one forward pass.
+    method: str = "dense"
+    k_passage: int = 16  # diffretriever: mask tokens (vectors) per document
+    k_query: int = 4  # diffretriever: mask tokens per query (recorded for searchers; overridable per search)
+    top_terms: int = 128  # diffretriever: terms kept per sparse vector
     quantization: str = "int8"
     dim: int | None = None  # Matryoshka truncation
     index_type: str = "flat"
@@ -68,6 +75,8 @@ class IndexJobConfig:
         for name in ("input", "output"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"{name}: a non-empty path or URL is required")
+        if self.method not in METHODS:
+            raise ConfigError(f"method: must be one of {METHODS}, got {self.method!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"quantization: must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.index_type not in INDEX_TYPES:
@@ -86,6 +95,9 @@ class IndexJobConfig:
             "train_sample",
             "rerank_factor",
             "keep_versions",
+            "k_passage",
+            "k_query",
+            "top_terms",
         )
         for name in positive:
             value = getattr(self, name)
@@ -97,6 +109,13 @@ class IndexJobConfig:
                 raise ConfigError(f"{name}: must be a positive integer or null, got {value!r}")
         if self.quantization == "binary" and self.dim is not None and self.dim % 8:
             raise ConfigError(f"dim: binary codes need a multiple of 8, got {self.dim}")
+        if self.method == "diffretriever":
+            for name, default in (("quantization", "int8"), ("index_type", "flat")):
+                if getattr(self, name) != default:
+                    raise ConfigError(f"{name}: not used by method diffretriever (multi-vector float + sparse)")
+            for name in ("dim", "chunk_tokens"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{name}: not supported with method diffretriever")
         if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
             raise ConfigError("cpus_per_actor/gpus_per_actor: must be >= 0")
         if not self.text_column:

@@ -3,6 +3,10 @@
 Output rows, one per document (or per chunk with late chunking): ``content_hash, chunk, start, end, tokens,
 vector``; ``start``/``end`` are character offsets of the chunk in the embedded text (``end == -1``: whole
 document), ``tokens`` the document's token count after truncation to the model's max length.
+
+Method ``diffretriever``: the actor tokenizes too (the prompt wraps the text), ``vector`` holds the K_p
+mask-position vectors flattened (``K_p * d`` float32) and ``sparse_ids``/``sparse_weights`` the sparse vector;
+``tokens`` counts the whole prompt.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from functools import cache
 import numpy as np
 import pyarrow as pa
 import ray
+import scipy.sparse as sp
 import torch
 
 from embedlib import storage
@@ -152,6 +157,66 @@ class EncoderActor:
         return pa.table(table)
 
 
+def sparse_columns(matrix: sp.csr_matrix) -> dict[str, pa.Array]:
+    """A CSR matrix as ``sparse_ids`` / ``sparse_weights`` list columns (one row per matrix row)."""
+    bounds = list(zip(matrix.indptr[:-1], matrix.indptr[1:], strict=True))
+    return {
+        "sparse_ids": pa.array([matrix.indices[a:b] for a, b in bounds], pa.list_(pa.int32())),
+        "sparse_weights": pa.array([matrix.data[a:b] for a, b in bounds], pa.list_(pa.float32())),
+    }
+
+
+def sparse_matrix(ids: pa.ChunkedArray | pa.Array, weights: pa.ChunkedArray | pa.Array, vocab_size: int) -> sp.csr_matrix:
+    """The inverse of ``sparse_columns``."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    weights = weights.combine_chunks() if isinstance(weights, pa.ChunkedArray) else weights
+    indptr = np.array(ids.offsets.to_numpy(), dtype=np.int64)
+    indptr -= indptr[0]
+    data = np.array(weights.flatten().to_numpy(zero_copy_only=False), np.float32)  # copies: arrow is read-only
+    indices = np.array(ids.flatten().to_numpy(zero_copy_only=False), np.int32)
+    return sp.csr_matrix((data, indices, indptr), shape=(len(ids), vocab_size))
+
+
+class RepresentativeActor:
+    """One diffusion LM per actor: documents -> K_p mask-position vectors and a sparse term vector each."""
+
+    def __init__(
+        self,
+        model: str,
+        k_passage: int,
+        top_terms: int,
+        max_tokens_per_batch: int,
+        torch_threads: int | None,
+        device: str | None,
+        dtype: str | None,
+    ):
+        from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.encoder = DiffRetrieverEncoder.from_pretrained(model, device=device, dtype=dtype, top_terms=top_terms)
+        self.k, self.max_tokens = k_passage, max_tokens_per_batch
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        titles, bodies = batch.column("title").to_pylist(), batch.column("text").to_pylist()
+        texts = [embedded_text(ti or "", te) for ti, te in zip(titles, bodies, strict=True)]
+        prompts, _ = self.encoder.masked_prompts(texts, self.k, "passage")
+        found = self.encoder.encode(texts, k=self.k, kind="passage", max_tokens_per_batch=self.max_tokens)
+        rows = len(texts)
+        dense = np.stack(found.dense).reshape(rows, -1) if rows else np.zeros((0, self.k * self.encoder.dim))
+        return pa.table(
+            {
+                "content_hash": batch.column("content_hash").cast(pa.string()),
+                "chunk": pa.array([0] * rows, pa.int32()),
+                "start": pa.array([0] * rows, pa.int32()),
+                "end": pa.array([-1] * rows, pa.int32()),
+                "tokens": pa.array([len(p) for p in prompts], pa.int32()),
+                "vector": vectors_column(dense.astype(np.float32)),
+                **sparse_columns(found.sparse),
+            }
+        )
+
+
 def default_torch_threads(cfg: IndexJobConfig) -> int:
     """Cores per actor when not configured: the node's cores shared by the actors."""
     return cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.actors)
@@ -160,6 +225,28 @@ def default_torch_threads(cfg: IndexJobConfig) -> int:
 def encode_rows(rows: ray.data.Dataset, cfg: IndexJobConfig, model: str) -> ray.data.Dataset:
     """``content_hash, title, text`` rows -> encoded rows (lazy; the caller writes them)."""
     rows = rows.repartition(target_num_rows_per_block=cfg.batch_rows)  # parts land every batch_rows rows
+    pool = dict(
+        batch_format="pyarrow",
+        batch_size=cfg.batch_rows,
+        compute=ray.data.ActorPoolStrategy(size=cfg.actors),
+        num_cpus=cfg.cpus_per_actor,
+        num_gpus=cfg.gpus_per_actor,
+    )
+    torch_threads = None if cfg.gpus_per_actor else default_torch_threads(cfg)
+    if cfg.method == "diffretriever":
+        return rows.map_batches(
+            RepresentativeActor,
+            fn_constructor_kwargs=dict(
+                model=model,
+                k_passage=cfg.k_passage,
+                top_terms=cfg.top_terms,
+                max_tokens_per_batch=cfg.max_tokens_per_batch,
+                torch_threads=torch_threads,
+                device=cfg.device,
+                dtype=cfg.dtype,
+            ),
+            **pool,
+        )
     # Tokenization asks for fewer CPUs than the actors, so Ray Data runs it as separate tasks (no fusion).
     tokens = rows.map_batches(
         tokenize_batch,
@@ -170,18 +257,14 @@ def encode_rows(rows: ray.data.Dataset, cfg: IndexJobConfig, model: str) -> ray.
     )  # CPU tasks
     return tokens.map_batches(
         EncoderActor,
-        batch_format="pyarrow",
-        batch_size=cfg.batch_rows,
-        compute=ray.data.ActorPoolStrategy(size=cfg.actors),
-        num_cpus=cfg.cpus_per_actor,
-        num_gpus=cfg.gpus_per_actor,
+        **pool,
         fn_constructor_kwargs=dict(
             model=model,
             quantization=cfg.quantization,
             dim=cfg.dim,
             chunk_tokens=cfg.chunk_tokens,
             max_tokens_per_batch=cfg.max_tokens_per_batch,
-            torch_threads=None if cfg.gpus_per_actor else default_torch_threads(cfg),
+            torch_threads=torch_threads,
             device=cfg.device,
             dtype=cfg.dtype,
         ),

@@ -39,10 +39,16 @@ def version_name(version: int) -> str:
 
 
 def encoding_key(
-    weights_hash: str, quantization: str, dim: int | None, chunk_tokens: int | None, max_length: int
+    weights_hash: str,
+    quantization: str,
+    dim: int | None,
+    chunk_tokens: int | None,
+    max_length: int,
+    method: dict | None = None,
 ) -> str:
     """What decides whether an embedding can be reused: model weights and how vectors were made from them."""
-    spec = json.dumps([weights_hash, quantization, dim, chunk_tokens, max_length])
+    parts = [weights_hash, quantization, dim, chunk_tokens, max_length]
+    spec = json.dumps(parts if method is None else [*parts, method], sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:24]
 
 

@@ -3,6 +3,10 @@
 ``search`` returns ``(scores, ids)``: float32 ``(n, k)`` exact similarities (cosine for int8/float, ``-hamming``
 for binary), best first, and the matching id lists. When an index holds fewer than ``k`` rows the missing
 places are score ``-inf`` and id ``None``.
+
+A DiffRetriever index (``manifest["method"] == "diffretriever"``) is searched the same way; its scores are
+MaxSim (``mode="dense"``), sparse dot products (``"sparse"``) or the hybrid of both (``"hybrid"``, the
+default), normalised over the candidates of all shards together.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import ray
 from embedlib import storage
 from embedlib.encoding.encoder import Encoder
 from embedlib.encoding.quantize import output_dtype, output_width
+from embedlib.encoding.representative_tokens import RepresentativeTokens
 from embedlib.index.encode_stage import column_matrix
 from embedlib.index.faiss_shards import deserialize, search_shard, top_k
 from embedlib.index.manifest import ManifestError, read_manifest
+from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES, Candidates, fuse_candidates
 
 RAY_THRESHOLD_ROWS = 5_000_000  # above this many rows, shards are served by Ray actors
 
@@ -75,17 +81,29 @@ class Shard:
         return scores, [[self.ids[p] if p >= 0 else None for p in row] for row in positions]
 
 
+def is_diffretriever(manifest: dict) -> bool:
+    return manifest.get("method", "dense") == "diffretriever"
+
+
+def load_shard(base: str, entry: dict, manifest: dict):
+    """A ``Shard`` or, for a DiffRetriever index, a ``RepresentativeShard``."""
+    if is_diffretriever(manifest):
+        from embedlib.index.representative_shards import RepresentativeShard
+
+        return RepresentativeShard.load(base, entry, manifest)
+    return Shard.load(base, entry, manifest)
+
+
 @ray.remote(num_cpus=0.25)
 class ShardActor:
     """A shard served by a Ray actor (for indexes too large for one process)."""
 
     def __init__(self, base: str, entry: dict, manifest: dict):
-        self.shard = Shard.load(base, entry, manifest)
+        self.shard = load_shard(base, entry, manifest)
 
-    def search(
-        self, queries: np.ndarray, k: int, overrides: dict
-    ) -> tuple[np.ndarray, list[list[str | None]]]:
-        return self.shard.search(queries, k, overrides)
+    def call(self, method: str, *args):
+        """``shard.<method>(*args)``: the actor answers whatever its shard class answers."""
+        return getattr(self.shard, method)(*args)
 
 
 class ShardedIndex:
@@ -115,13 +133,29 @@ class ShardedIndex:
         if remote:
             shards = [ShardActor.remote(manifest["base"], entry, manifest) for entry in manifest["shards"]]
         else:
-            shards = [Shard.load(manifest["base"], entry, manifest) for entry in manifest["shards"]]
+            shards = [load_shard(manifest["base"], entry, manifest) for entry in manifest["shards"]]
         index = cls(manifest, shards, remote=remote)
-        if isinstance(model, Encoder):
-            index.set_encoder(model)
-        elif model is not None:
-            index.set_encoder(Encoder.from_pretrained(model))
+        if model is not None:
+            index.set_encoder(model if hasattr(model, "weights_hash") else index.load_encoder(str(model)))
         return index
+
+    @property
+    def method(self) -> str:
+        return self.manifest.get("method", "dense")
+
+    def load_encoder(self, path_or_url: str):
+        """The query encoder for this index's method, loaded from ``path_or_url``."""
+        if is_diffretriever(self.manifest):
+            from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
+
+            return DiffRetrieverEncoder.from_pretrained(path_or_url, top_terms=self.manifest["top_terms"])
+        return Encoder.from_pretrained(path_or_url)
+
+    def _call(self, method: str, *args) -> list:
+        """``method(*args)`` on every shard, in shard order."""
+        if self.remote:
+            return ray.get([shard.call.remote(method, *args) for shard in self.shards])
+        return [getattr(shard, method)(*args) for shard in self.shards]
 
     @property
     def quantization(self) -> str:
@@ -153,15 +187,16 @@ class ShardedIndex:
                 f"index {self.manifest['base']} has dim {self.dim}, queries have dim {dim}"
             )
 
-    def set_encoder(self, encoder: Encoder) -> None:
+    def set_encoder(self, encoder) -> None:
+        """Use ``encoder`` (an ``Encoder``, or a ``DiffRetrieverEncoder`` for DiffRetriever indexes) for queries."""
         self.check_compatible(weights_hash=encoder.weights_hash)
         self._encoder = encoder
 
     @property
-    def encoder(self) -> Encoder:
+    def encoder(self):
         """The manifest's model (loaded on first use and checked against the manifest's weight hash)."""
         if self._encoder is None:
-            self.set_encoder(Encoder.from_pretrained(self.manifest["model"]["source"]))
+            self.set_encoder(self.load_encoder(self.manifest["model"]["source"]))
         return self._encoder
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
@@ -199,16 +234,56 @@ class ShardedIndex:
         """Top-``k`` ``(scores, ids)`` per query, best first (texts are encoded with the manifest's model)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if is_diffretriever(self.manifest):
+            return self.search_representative(queries, k)
         if isinstance(queries, np.ndarray):
             vectors = self.check_vectors(queries)
         else:
             vectors = self.encode_queries(queries)
         overrides = {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value}
-        if self.remote:
-            results = ray.get([shard.search.remote(vectors, k, overrides) for shard in self.shards])
+        return merge_results(self._call("search", vectors, k, overrides), len(vectors), k)
+
+    def search_representative(
+        self,
+        queries,
+        k: int,
+        mode: str = "hybrid",
+        k_query: int | None = None,
+        dense_weight: float = DEFAULT_DENSE_WEIGHT,
+        candidates: int | None = None,
+    ) -> tuple[np.ndarray, list[list[str | None]]]:
+        """DiffRetriever search: texts (encoded with ``k_query`` mask tokens, the manifest's by default) or
+        ``RepresentativeTokens``; ``mode`` dense, sparse or hybrid."""
+        if not is_diffretriever(self.manifest):
+            raise IndexMismatchError(f"index {self.manifest['base']} is a {self.method} index, not diffretriever")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(queries, RepresentativeTokens):
+            tokens = queries
         else:
-            results = [shard.search(vectors, k, overrides) for shard in self.shards]
-        return merge_results(results, len(vectors), k)
+            tokens = self.encoder.encode(list(queries), k=k_query or self.manifest["k_query"], kind="query")
+        if mode != "hybrid":
+            return merge_results(self._call("search", tokens, k, mode), len(tokens), k)
+        per_shard = self._call(
+            "hybrid_candidates", tokens, candidates or self.manifest["index"]["params"]["candidates"]
+        )
+        return fuse_shard_candidates(per_shard, len(tokens), k, dense_weight)
+
+
+def fuse_shard_candidates(
+    per_shard: list[list[tuple[Candidates, list[str]]]], n: int, k: int, dense_weight: float
+) -> tuple[np.ndarray, list[list[str | None]]]:
+    """Hybrid top-``k`` over the candidates of all shards: normalised together, fused, ranked."""
+    merged = []
+    ids = []
+    for row in range(n):
+        parts = [shard[row] for shard in per_shard]
+        dense = np.concatenate([np.zeros(0, np.float32)] + [c.dense for c, _ in parts])
+        sparse = np.concatenate([np.zeros(0, np.float32)] + [c.sparse for c, _ in parts])
+        merged.append(Candidates(np.arange(len(dense), dtype=np.int64), dense, sparse))
+        ids.append([doc for _, shard_ids in parts for doc in shard_ids])
+    positions, scores = fuse_candidates(merged, k, dense_weight)
+    return scores, [[ids[row][p] if p >= 0 else None for p in positions[row]] for row in range(n)]
 
 
 def merge_results(

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import shutil
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -101,6 +103,7 @@ class DiffusionLM:
     format: str
     source: str
     max_length: int
+    source_config: dict = field(default_factory=dict)  # the checkpoint's config.json (saving keeps its format)
 
     @property
     def device(self) -> torch.device:
@@ -264,6 +267,7 @@ def load_diffusion_lm(
         format=kind,
         source=source,
         max_length=int(max_length or checkpoint_max_length(folder, tokenizer, fields)),
+        source_config=fields,
     )
 
 
@@ -287,6 +291,129 @@ def load_causal_lm(
     tokenizer = load_lm_tokenizer(folder)
     tokenizer.padding_side = "left"
     return model, tokenizer
+
+
+# --- saving in the loaded format -------------------------------------------------------------------------
+
+# Llama weight names -> LLaDA (OLMo layout) names, applied in order: the inverse of LLADA_KEY_MAPPING.
+LLADA_INVERSE_NAMES = {
+    "model.embed_tokens.": "model.transformer.wte.",
+    "model.norm.": "model.transformer.ln_f.",
+    "lm_head.": "model.transformer.ff_out.",
+    "input_layernorm.": "attn_norm.",
+    "post_attention_layernorm.": "ff_norm.",
+    "self_attn.o_proj.": "attn_out.",
+    "self_attn.": "",
+    "mlp.gate_proj.": "ff_proj.",
+    "mlp.up_proj.": "up_proj.",
+    "mlp.down_proj.": "ff_out.",
+    "model.layers.": "model.transformer.blocks.",
+}
+# Remote-code fields of a checkpoint's tokenizer_config.json that saving restores.
+REMOTE_TOKENIZER_FIELDS = ("tokenizer_class", "auto_map")
+
+
+def llada_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Llama state dict under LLaDA's weight names (contiguous tensors, ready for safetensors)."""
+    renamed = {}
+    for name, tensor in state_dict.items():
+        for old, new in LLADA_INVERSE_NAMES.items():
+            name = name.replace(old, new)
+        renamed[name] = tensor.detach().contiguous()
+    return renamed
+
+
+def _rope_theta(config) -> float:
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return float(theta)
+
+
+def llada_fields(config, mask_token_id: int) -> dict:
+    """A LLaDA ``config.json`` describing the Llama architecture ``config`` (what :func:`llada_config` reads)."""
+    return {
+        "model_type": "llada",
+        "d_model": config.hidden_size,
+        "n_heads": config.num_attention_heads,
+        "n_kv_heads": config.num_key_value_heads,
+        "n_layers": config.num_hidden_layers,
+        "mlp_hidden_size": config.intermediate_size,
+        "activation_type": "silu",
+        "block_type": "llama",
+        "layer_norm_type": "rms",
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope": True,
+        "rope_theta": _rope_theta(config),
+        "alibi": False,
+        "attention_layer_norm": False,
+        "input_emb_norm": False,
+        "scale_logits": False,
+        "include_bias": False,
+        "include_qkv_bias": bool(config.attention_bias),
+        "weight_tying": bool(config.tie_word_embeddings),
+        "max_sequence_length": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "embedding_size": config.vocab_size,
+        "mask_token_id": mask_token_id,
+        "use_cache": False,
+    }
+
+
+def _lm_config_fields(lm: DiffusionLM, folder: Path) -> dict:
+    """Write the weights of ``lm`` to ``folder`` in its format; returns the ``config.json`` fields to write."""
+    model = lm.model
+    if lm.format == "llada":
+        weights = llada_state_dict(model.state_dict())
+        if model.config.tie_word_embeddings:
+            weights.pop("model.transformer.ff_out.weight", None)
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        ids = {k: getattr(model.config, k, None) for k in ("pad_token_id", "eos_token_id")}
+        fields = {**lm.source_config, **{k: v for k, v in ids.items() if v is not None}}
+        return {**fields, **llada_fields(model.config, lm.mask_token_id)}
+    model.save_pretrained(folder, safe_serialization=True)
+    fields = json.loads((folder / "config.json").read_text())
+    fields["mask_token_id"] = lm.mask_token_id
+    if lm.format == "dream":
+        fields = {k: v for k, v in fields.items() if k not in DREAM_ONLY_FIELDS}
+        kept = {k: v for k, v in lm.source_config.items() if k in DREAM_ONLY_FIELDS}
+        return {**fields, "model_type": "Dream", **kept}
+    return {**fields, "logits_shift": lm.logits_shift}
+
+
+def _copy_remote_code(source: str, folder: Path) -> None:
+    """The source checkpoint's remote-code files and tokenizer class, so other readers load it as before."""
+    if not storage.is_local(source):
+        return
+    origin = Path(storage.strip_file_scheme(source))
+    for code in origin.glob("*.py"):
+        shutil.copy2(code, folder / code.name)
+    source_tokenizer, saved_tokenizer = origin / "tokenizer_config.json", folder / "tokenizer_config.json"
+    if source_tokenizer.is_file() and saved_tokenizer.is_file():
+        original = json.loads(source_tokenizer.read_text())
+        saved = json.loads(saved_tokenizer.read_text())
+        saved.update({k: original[k] for k in REMOTE_TOKENIZER_FIELDS if k in original})
+        saved_tokenizer.write_text(json.dumps(saved, indent=2))
+
+
+def _save_lm_local(lm: DiffusionLM, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    fields = _lm_config_fields(lm, folder)
+    (folder / "config.json").write_text(json.dumps(fields, indent=2))
+    lm.tokenizer.save_pretrained(folder)
+    if lm.format != "embedlib":
+        _copy_remote_code(lm.source, folder)
+
+
+def save_diffusion_lm(lm: DiffusionLM, path_or_url: str | os.PathLike) -> None:
+    """Write ``lm`` with its LM head in the format it was loaded from (Dream, LLaDA or embedlib), mask token id
+    in ``config.json``, so :func:`load_diffusion_lm` reads it back the same (local path or fsspec URL)."""
+    if storage.is_local(path_or_url):
+        _save_lm_local(lm, Path(storage.strip_file_scheme(path_or_url)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        _save_lm_local(lm, Path(tmp))
+        storage.upload_dir(tmp, path_or_url)
 
 
 # --- tiny checkpoints in the real on-disk formats -----------------------------------------------------
@@ -368,68 +495,29 @@ def make_tiny_llada_checkpoint(
             max_position_embeddings=2048,
             tie_word_embeddings=False,
             rope_theta=500000.0,
+            rms_norm_eps=1e-5,
         )
     )
-    inverse = {
-        "model.embed_tokens.": "model.transformer.wte.",
-        "model.norm.": "model.transformer.ln_f.",
-        "lm_head.": "model.transformer.ff_out.",
-        "input_layernorm.": "attn_norm.",
-        "post_attention_layernorm.": "ff_norm.",
-        "self_attn.o_proj.": "attn_out.",
-        "self_attn.": "",
-        "mlp.gate_proj.": "ff_proj.",
-        "mlp.up_proj.": "up_proj.",
-        "mlp.down_proj.": "ff_out.",
-        "model.layers.": "model.transformer.blocks.",
-    }
-    renamed = {}
-    for name, tensor in llama.state_dict().items():
-        for old, new in inverse.items():
-            name = name.replace(old, new)
-        renamed[name] = tensor.contiguous()
-    names = sorted(renamed)
+    names = llada_state_dict(llama.state_dict())
+    keys = sorted(names)
     shards = {
-        "model-00001-of-00002.safetensors": names[: len(names) // 2],
-        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+        "model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+        "model-00002-of-00002.safetensors": keys[len(keys) // 2 :],
     }
-    for file, keys in shards.items():
-        save_file({key: renamed[key] for key in keys}, str(out / file), metadata={"format": "pt"})
-    index = {"metadata": {}, "weight_map": {key: file for file, keys in shards.items() for key in keys}}
+    for file, part in shards.items():
+        save_file({key: names[key] for key in part}, str(out / file), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {key: file for file, part in shards.items() for key in part}}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     fields = {
-        "model_type": "llada",
         "architectures": ["LLaDAModelLM"],
         "auto_map": {
             "AutoConfig": "configuration_llada.LLaDAConfig",
             "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
         },
-        "d_model": hidden_size,
-        "n_heads": 4,
-        "n_kv_heads": 4,
-        "n_layers": num_hidden_layers,
-        "mlp_hidden_size": 2 * hidden_size,
+        **llada_fields(llama.config, mask_token_id),
         "mlp_ratio": 4,
-        "activation_type": "silu",
-        "block_type": "llama",
-        "layer_norm_type": "rms",
-        "rms_norm_eps": 1e-5,
-        "rope": True,
-        "rope_theta": 500000.0,
-        "alibi": False,
-        "attention_layer_norm": False,
-        "input_emb_norm": False,
-        "scale_logits": False,
-        "include_bias": False,
-        "include_qkv_bias": False,
-        "weight_tying": False,
-        "max_sequence_length": 2048,
-        "vocab_size": embedding_size,
-        "embedding_size": embedding_size,
-        "mask_token_id": mask_token_id,
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
-        "use_cache": False,
     }
     (out / "config.json").write_text(json.dumps(fields, indent=2))
     tokenizer.save_pretrained(out)

@@ -7,6 +7,7 @@ Nothing is ever fetched from a model hub: a path that is not a complete checkpoi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -135,3 +136,13 @@ def load_backbone(
         max_length=int(max_length or checkpoint_max_length(folder, tokenizer, config)),
         is_decoder=decoder,
     )
+
+
+def state_dict_hash(model: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes): identifies the weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

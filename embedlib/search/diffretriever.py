@@ -45,6 +45,30 @@ class DiffRetrieverSettings:
         check_weight(self.dense_weight)
 
 
+class PassageEncodings:
+    """A corpus encoded once with K_p mask tokens, shared by the systems (modes, K_q) of one model.
+
+    A text list that is a prefix of one already encoded is not re-encoded (corpus-growth runs encode the
+    largest corpus first).
+    """
+
+    def __init__(self, encoder: DiffRetrieverEncoder, k_passage: int, batch_size: int = 32,
+                 show_progress: bool = True):
+        self.encoder, self.k_passage = encoder, k_passage
+        self.batch_size, self.show_progress = batch_size, show_progress
+        self._encoded: list[tuple[list[str], RepresentativeTokens]] = []
+
+    def get(self, texts: Sequence[str]) -> RepresentativeTokens:
+        texts = list(texts)
+        for known, tokens in self._encoded:
+            if len(texts) <= len(known) and known[: len(texts)] == texts:
+                return tokens.head(len(texts))
+        tokens = self.encoder.encode(texts, k=self.k_passage, kind="passage", batch_size=self.batch_size,
+                                     show_progress=self.show_progress)
+        self._encoded = [(texts, tokens)]  # one list kept: the largest corpus of a growth run comes first
+        return tokens
+
+
 class DiffRetrieverSystem:
     """Representative-token multi-vector + sparse retrieval over a corpus given as ``(ids, texts)`` parts."""
 
@@ -57,12 +81,19 @@ class DiffRetrieverSystem:
         settings: DiffRetrieverSettings | None = None,
         router: KRouter | None = None,
         show_progress: bool = True,
+        corpus: PassageEncodings | None = None,
     ):
         self.name = name
         self.encoder = encoder
         self.settings = settings or DiffRetrieverSettings()
         self.router = router
         self.show_progress = show_progress
+        self.corpus = corpus or PassageEncodings(
+            encoder, self.settings.k_passage, self.settings.batch_size, show_progress
+        )
+        if self.corpus.k_passage != self.settings.k_passage:
+            raise ValueError(f"corpus encoded with k_passage={self.corpus.k_passage}, settings ask for "
+                             f"{self.settings.k_passage}")
         self.ids: list[str] = []
         self.index: DiffRetrieverIndex | None = None
         self.unigram: UnigramModel | None = None
@@ -81,14 +112,7 @@ class DiffRetrieverSystem:
     def build(self, parts: Sequence[Part]) -> None:
         self.ids = [doc_id for ids, _ in parts for doc_id in ids]
         texts = [text for _, part_texts in parts for text in part_texts]
-        docs = self.encoder.encode(
-            texts,
-            k=self.settings.k_passage,
-            kind="passage",
-            batch_size=self.settings.batch_size,
-            show_progress=self.show_progress,
-        )
-        self.index = DiffRetrieverIndex.build(docs)
+        self.index = DiffRetrieverIndex.build(self.corpus.get(texts))
         if self.router is not None:
             self.unigram = UnigramModel(self.encoder.tokenizer, texts)
 

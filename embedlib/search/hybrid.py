@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -67,6 +68,32 @@ def exhaustive_scores(
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
+@dataclass
+class Candidates:
+    """One query's candidate documents with their raw (not normalised) dense and sparse scores."""
+
+    positions: np.ndarray  # int64
+    dense: np.ndarray  # float32 MaxSim
+    sparse: np.ndarray  # float32 sparse dot product
+
+
+def fuse_candidates(
+    found: Sequence[Candidates], k: int, dense_weight: float = DEFAULT_DENSE_WEIGHT
+) -> tuple[np.ndarray, np.ndarray]:
+    """Hybrid top-``k`` ``(positions, scores)`` per query: min-max normalised over each query's candidates."""
+    weight = check_weight(dense_weight)
+    positions = np.full((len(found), k), -1, dtype=np.int64)
+    scores = np.full((len(found), k), -np.inf, dtype=np.float32)
+    for row, candidates in enumerate(found):
+        if not len(candidates.positions):
+            continue
+        fused = hybrid_scores(candidates.dense[None, :], candidates.sparse[None, :], weight)
+        best, best_scores = top_k(fused, k)
+        positions[row, : best.shape[1]] = candidates.positions[best[0]]
+        scores[row, : best.shape[1]] = best_scores[0]
+    return positions, scores
+
+
 class DiffRetrieverIndex:
     """A multi-vector dense index and a sparse inverted index over the same documents."""
 
@@ -111,18 +138,22 @@ class DiffRetrieverIndex:
         candidates: int,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Union of both sides' top ``candidates``, exact scores on both sides, normalised and fused."""
+        found = self.hybrid_candidates(dense_queries, sparse_queries, candidates)
+        return fuse_candidates(found, k, dense_weight)
+
+    def hybrid_candidates(
+        self, dense_queries: Sequence[np.ndarray], sparse_queries: sp.spmatrix, candidates: int
+    ) -> list[Candidates]:
+        """Per query, the union of both sides' top ``candidates`` with exact raw dense and sparse scores."""
         dense_top, _ = self.dense.search(dense_queries, candidates)
         sparse_top, _ = self.sparse.search(sparse_queries, candidates)
-        positions = np.full((len(dense_queries), k), -1, dtype=np.int64)
-        scores = np.full((len(dense_queries), k), -np.inf, dtype=np.float32)
+        found = []
         for row, query in enumerate(dense_queries):
-            union = np.union1d(dense_top[row][dense_top[row] >= 0], sparse_top[row])
-            dense = self.dense.rerank(query, union)[None, :]
-            sparse = self.sparse.score_docs(sparse_queries[row], union)[None, :]
-            best, best_scores = top_k(hybrid_scores(dense, sparse, dense_weight), k)
-            positions[row, : best.shape[1]] = union[best[0]]
-            scores[row, : best.shape[1]] = best_scores[0]
-        return positions, scores
+            union = np.union1d(dense_top[row][dense_top[row] >= 0], sparse_top[row][sparse_top[row] >= 0])
+            found.append(
+                Candidates(union, self.dense.rerank(query, union), self.sparse.score_docs(sparse_queries[row], union))
+            )
+        return found
 
     def bytes_per_doc(self) -> dict[str, float]:
         dense, sparse = self.dense.bytes_per_doc(), self.sparse.bytes_per_doc()

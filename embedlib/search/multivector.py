@@ -96,9 +96,17 @@ class MultiVectorIndex:
         return maxsim_from_similarities(query.astype(np.float32) @ self.vectors[rows].T, local_offsets)
 
     def search(
-        self, queries: Sequence[np.ndarray], k: int, vectors_per_query_vector: int = 256
+        self, queries: Sequence[np.ndarray], k: int, vectors_per_query_vector: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(positions, MaxSim scores)`` per query, best first; ``-1`` / ``-inf`` fill short rows."""
+        """Top-``k`` ``(positions, MaxSim scores)`` per query, best first; ``-1`` / ``-inf`` fill short rows.
+
+        Candidates: the documents owning each query vector's ``vectors_per_query_vector`` nearest vectors;
+        by default ``max(256, k × the most vectors a document has)``, so at least ``k`` documents come back
+        whatever K_p is.
+        """
+        if vectors_per_query_vector is None:
+            most = int(np.diff(self.offsets).max()) if len(self) else 1
+            vectors_per_query_vector = max(256, k * most)
         positions = np.full((len(queries), k), -1, dtype=np.int64)
         scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
         for row, query in enumerate(queries):
@@ -128,17 +136,22 @@ class MultiVectorIndex:
         storage.write_bytes_atomic(storage.join(url, META_FILE), json.dumps(meta).encode())
 
     @classmethod
+    def from_arrays(cls, vectors: np.ndarray, offsets: np.ndarray, index, factory: str) -> MultiVectorIndex:
+        """An index from its stored parts: stacked vectors, per-document offsets and the FAISS index."""
+        built = cls.__new__(cls)
+        built.vectors, built.offsets, built.factory, built.faiss = vectors, offsets, factory, index
+        built.vector_doc = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+        if index.ntotal != len(vectors):
+            raise ValueError(f"FAISS index holds {index.ntotal} vectors, {len(vectors)} were stored")
+        return built
+
+    @classmethod
     def load(cls, url: str | os.PathLike) -> MultiVectorIndex:
         meta = json.loads(storage.read_bytes(storage.join(url, META_FILE)))
         arrays = np.load(io.BytesIO(storage.read_bytes(storage.join(url, ARRAYS_FILE))))
-        index = cls.__new__(cls)
-        index.vectors, index.offsets, index.factory = arrays["vectors"], arrays["offsets"], meta["factory"]
-        index.vector_doc = np.repeat(
-            np.arange(len(index.offsets) - 1, dtype=np.int64), np.diff(index.offsets)
-        )
         raw = np.frombuffer(storage.read_bytes(storage.join(url, INDEX_FILE)), dtype=np.uint8)
-        index.faiss = faiss.deserialize_index(raw)
-        if index.faiss.ntotal != len(index.vectors) or len(index) != meta["docs"]:
+        index = cls.from_arrays(arrays["vectors"], arrays["offsets"], faiss.deserialize_index(raw), meta["factory"])
+        if index.faiss.ntotal != meta["vectors"] or len(index) != meta["docs"]:
             raise ValueError(
                 f"{url}: index holds {index.faiss.ntotal} vectors / {len(index)} docs, "
                 f"{META_FILE} says {meta['vectors']} / {meta['docs']}"

@@ -52,6 +52,19 @@ class SparseIndex:
         self.scale = float(scale)
         self.postings = quantize_weights(docs, scale).tocsc()
 
+    @classmethod
+    def from_postings(cls, postings: sp.spmatrix, scale: float) -> SparseIndex:
+        """An index from already quantized postings (what ``postings_bytes`` wrote)."""
+        index = cls.__new__(cls)
+        index.scale, index.postings = float(scale), sp.csc_matrix(postings)
+        return index
+
+    def postings_bytes(self) -> bytes:
+        """The quantized postings as one ``.npz`` file."""
+        buffer = io.BytesIO()
+        sp.save_npz(buffer, self.postings)
+        return buffer.getvalue()
+
     def __len__(self) -> int:
         return self.postings.shape[0]
 
@@ -82,9 +95,7 @@ class SparseIndex:
         return total / len(self)
 
     def save(self, url: str | os.PathLike) -> None:
-        buffer = io.BytesIO()
-        sp.save_npz(buffer, self.postings)
-        storage.write_bytes_atomic(storage.join(url, MATRIX_FILE), buffer.getvalue())
+        storage.write_bytes_atomic(storage.join(url, MATRIX_FILE), self.postings_bytes())
         meta = {
             "scale": self.scale,
             "docs": len(self),
@@ -96,9 +107,8 @@ class SparseIndex:
     @classmethod
     def load(cls, url: str | os.PathLike) -> SparseIndex:
         meta = json.loads(storage.read_bytes(storage.join(url, META_FILE)))
-        index = cls.__new__(cls)
-        index.scale = float(meta["scale"])
-        index.postings = sp.load_npz(io.BytesIO(storage.read_bytes(storage.join(url, MATRIX_FILE)))).tocsc()
+        postings = sp.load_npz(io.BytesIO(storage.read_bytes(storage.join(url, MATRIX_FILE))))
+        index = cls.from_postings(postings, meta["scale"])
         if index.postings.nnz != meta["postings"] or len(index) != meta["docs"]:
             raise ValueError(
                 f"{url}: postings file holds {index.postings.nnz} postings / {len(index)} docs, "

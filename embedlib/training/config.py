@@ -12,7 +12,7 @@ import yaml
 
 from embedlib import storage
 
-Stage = Literal["pretrain", "pair", "contextual", "triplet"]
+Stage = Literal["pretrain", "pair", "contextual", "triplet", "diffretriever"]
 STAGES: tuple[str, ...] = get_args(Stage)
 
 
@@ -83,7 +83,14 @@ class TrainConfig:
     contextual_alpha: float = 0.2
     contextual_beta: tuple[float, float] = (0.2, 0.5)
     max_chunks: int = 8  # contextual: chunks per document (more are dropped, with a warning)
-    hard_negatives: int = 3  # triplet: K negatives per query
+    # Negatives per query. triplet: K >= 1 (null: 3, published). diffretriever: 0 = pair rows with in-batch
+    # negatives, > 0 = triplet rows (null: 0).
+    hard_negatives: int | None = None
+    # diffretriever: mask tokens per query / passage, and the weight of the sparse InfoNCE term. Its
+    # temperature (null: 0.05) applies to MaxSim / k_query, a cosine scale; the sparse term uses 1.
+    k_query: int = 4
+    k_passage: int = 16
+    sparse_weight: float = 1.0
     mask_id: int | str | None = None  # pretrain: token id, "dream"/"llada", or None for the tokenizer's mask
     causal: bool = False  # ablation (b) only: causal attention, next-token pretraining, last-token pooling
     # Run management.
@@ -95,10 +102,13 @@ class TrainConfig:
     inject_failure_at_step: int | None = None  # fault injection for resilience tests: kills a worker once
 
     def __post_init__(self) -> None:
+        if self.hard_negatives is None:
+            self.hard_negatives = 0 if self.stage == "diffretriever" else 3
         validate(self)
 
 
 def validate(cfg: TrainConfig) -> None:
+    min_negatives = 0 if cfg.stage == "diffretriever" else 1
     checks = [
         ("batch_size", cfg.batch_size >= 1, "must be >= 1"),
         ("max_steps", cfg.max_steps is None or cfg.max_steps >= 1, "must be >= 1 or null"),
@@ -114,7 +124,10 @@ def validate(cfg: TrainConfig) -> None:
         ("scaling.cpus_per_worker", cfg.scaling.cpus_per_worker > 0, "must be > 0"),
         ("temperature", cfg.temperature is None or cfg.temperature > 0, "must be > 0"),
         ("contextual_alpha", 0 <= cfg.contextual_alpha <= 1, "must be in [0, 1]"),
-        ("hard_negatives", cfg.hard_negatives >= 1, "must be >= 1"),
+        ("hard_negatives", cfg.hard_negatives >= min_negatives, f"must be >= {min_negatives}"),
+        ("k_query", cfg.k_query >= 1, "must be >= 1"),
+        ("k_passage", cfg.k_passage >= 1, "must be >= 1"),
+        ("sparse_weight", cfg.sparse_weight >= 0, "must be >= 0"),
         ("checkpoint_every", cfg.checkpoint_every >= 1, "must be >= 1"),
         ("matryoshka_dims", all(d > 0 for d in cfg.matryoshka_dims or []), "must be positive integers"),
     ]

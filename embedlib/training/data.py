@@ -4,7 +4,8 @@ Row formats (one dict per example):
 - pretrain: ``{"text"}``;
 - pair: ``{"query", "positive"}`` (optional ``"doc_id"``: equal ids are the same document);
 - triplet: ``{"query", "positive", "negatives": [...]}``;
-- contextual: ``{"query", "chunks": [...], "gold": int}`` (optional ``"doc_id"``).
+- contextual: ``{"query", "chunks": [...], "gold": int}`` (optional ``"doc_id"``);
+- diffretriever: pair rows (``hard_negatives: 0``) or triplet rows.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ REQUIRED_COLUMNS = {
     "triplet": ("query", "positive", "negatives"),
     "contextual": ("query", "chunks", "gold"),
 }
+
+
+def row_format(stage: str, hard_negatives: int) -> str:
+    """The rows a stage reads (a ``REQUIRED_COLUMNS`` key): diffretriever reads pairs, or triplets with negatives."""
+    if stage == "diffretriever":
+        return "triplet" if hard_negatives > 0 else "pair"
+    return stage
 
 
 class DataError(ValueError):

@@ -209,6 +209,8 @@ def worker_loop(config: dict) -> None:
             metrics["masked_accuracy" if not cfg.causal else "next_token_accuracy"] = all_ranks_mean(
                 float(out["accuracy"])
             )
+        for name in sorted(k for k in out if k.endswith("_loss")):  # parts of the loss (diffretriever)
+            metrics[name] = all_ranks_mean(float(out[name]))
         tokens, started = 0, time.perf_counter()
         history.append(metrics)
         if cfg.inject_failure_at_step == step:
@@ -238,10 +240,14 @@ def inject_failure_once(cfg: TrainConfig, rank: int, step: int) -> None:
 
 
 def save_trained_model(parts, cfg: TrainConfig) -> None:
-    """Write the model so ``Encoder.from_pretrained`` loads it (LoRA merged; the LM head kept when pretraining)."""
+    """Write the model so ``Encoder.from_pretrained`` loads it (LoRA merged; the LM head kept when pretraining);
+    diffretriever: so ``DiffRetrieverEncoder.from_pretrained`` does (LM head, mask id and format kept)."""
     from embedlib.encoding.encoder import Encoder
     from embedlib.training.lora import merged
 
+    if cfg.stage == "diffretriever":
+        parts.module.trained_encoder().save_pretrained(cfg.output)
+        return
     encoder = parts.encoder
     model = merged(encoder.model)
     model.eval()
@@ -284,11 +290,12 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from embedlib.training.data import read_dataset
+    from embedlib.training.data import read_dataset, row_format
     from embedlib.training.plots import write_history
 
     if dataset is None:
-        dataset = read_dataset(cfg.data.url, cfg.stage, cfg.data.format, stream=cfg.data.stream)
+        rows = row_format(cfg.stage, cfg.hard_negatives)
+        dataset = read_dataset(cfg.data.url, rows, cfg.data.format, stream=cfg.data.stream)
     # Ray Train's helper actors find the cluster through RAY_ADDRESS; name ours, as other local
     # instances may be running on a shared machine.
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address

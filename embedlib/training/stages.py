@@ -6,6 +6,7 @@ The modules are built from the encoder core (``load_backbone``, ``Encoder.tokeni
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -16,6 +17,8 @@ import torch
 from embedlib.encoding.batching import pad_batch
 from embedlib.encoding.encoder import Encoder
 from embedlib.encoding.quantize import mean_pool
+from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
+from embedlib.models.diffusion_lm import load_diffusion_lm
 from embedlib.models.loading import load_backbone
 from embedlib.objectives import (
     contextual_beta,
@@ -27,6 +30,7 @@ from embedlib.objectives import (
 )
 from embedlib.objectives.contrastive import PAIR_TEMPERATURE, TRIPLET_TEMPERATURE, triplet_loss
 from embedlib.objectives.diffusion import KNOWN_MASK_IDS
+from embedlib.objectives.representative import DIFFRETRIEVER_TEMPERATURE, diffretriever_loss
 from embedlib.training import causal_ablation
 from embedlib.training.config import TrainConfig
 
@@ -52,6 +56,14 @@ def resolve_mask_id(mask_id: int | str | None, tokenizer, vocab_size: int | None
     if not 0 <= mask_id < size:
         raise ValueError(f"mask_id: {mask_id} is outside the vocabulary (size {size})")
     return int(mask_id)
+
+
+def hard_negatives(rows: dict, column: str, k: int) -> list:
+    """The first ``k`` entries of each row's ``column`` list (``negatives`` or their ids), flattened row-major."""
+    lists = [list(n)[:k] for n in rows[column]]
+    if any(len(n) < k for n in lists):
+        raise ValueError(f"triplet rows need {k} negatives (hard_negatives)")
+    return [x for n in lists for x in n]
 
 
 def padded(encoder: Encoder, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
@@ -158,18 +170,89 @@ class ContrastiveModel(torch.nn.Module):
         )
 
 
+# --- DiffRetriever -----------------------------------------------------------------------------------------------
+
+
+class DiffRetrieverModel(torch.nn.Module):
+    """A diffusion LM read at its K mask positions (one pass per side), trained on dense + sparse InfoNCE."""
+
+    def __init__(self, encoder: DiffRetrieverEncoder, cfg: TrainConfig, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm  # what is trained: ``encoder.model``, or a PeftModel whose adapters are injected into it
+        self.encoder = encoder
+        self.cfg = cfg
+
+    def read(self, prompts: dict[str, torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder.states_and_logits(prompts["input_ids"], prompts["attention_mask"], k)
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        query_states, query_logits = self.read(batch["query"], cfg.k_query)
+        passage_states, passage_logits = self.read(batch["passage"], cfg.k_passage)
+        return diffretriever_loss(
+            query_states,
+            query_logits,
+            passage_states,
+            passage_logits,
+            temperature=cfg.temperature or DIFFRETRIEVER_TEMPERATURE,
+            sparse_weight=cfg.sparse_weight,
+            passage_hashes=batch["passage_hash"],
+            excluded=self.encoder.excluded,
+        )
+
+    def trained_encoder(self) -> DiffRetrieverEncoder:
+        """The encoder to save: LoRA merged into the weights, in eval mode."""
+        from embedlib.training.lora import merged
+
+        lm = dataclasses.replace(self.encoder.lm, model=merged(self.lm).eval())
+        return DiffRetrieverEncoder(lm, template=self.encoder.template, top_terms=self.encoder.top_terms)
+
+
+def passage_keys(rows: dict, negatives: int) -> list:
+    """Document ids of the positives then the negatives when the rows carry them all, else ``[]``."""
+    if "doc_id" not in rows or (negatives and "negative_ids" not in rows):
+        return []
+    return [*rows["doc_id"], *(hard_negatives(rows, "negative_ids", negatives) if negatives else [])]
+
+
+class DiffRetrieverCollator:
+    """Pair / triplet rows -> masked prompts (the encoder's own builder): queries, then positives + negatives."""
+
+    def __init__(self, encoder: DiffRetrieverEncoder, cfg: TrainConfig):
+        self.encoder, self.cfg = encoder, cfg
+
+    def prompts(self, texts: Sequence[str], k: int, kind: str, max_text_tokens: int) -> dict[str, torch.Tensor]:
+        ids, _ = self.encoder.masked_prompts(texts, k, kind, max_text_tokens)
+        input_ids, attention_mask = pad_batch(ids, self.encoder.tokenizer.pad_token_id)
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    def __call__(self, rows: dict) -> dict:
+        cfg = self.cfg
+        passages = list(rows["positive"])
+        negatives = hard_negatives(rows, "negatives", cfg.hard_negatives) if cfg.hard_negatives else []
+        keys = passage_keys(rows, cfg.hard_negatives) or passages + negatives
+        data = cfg.data
+        return {
+            "query": self.prompts(rows["query"], cfg.k_query, "query", data.query_max_length),
+            "passage": self.prompts(passages + negatives, cfg.k_passage, "passage", data.max_length),
+            "passage_hash": torch.tensor([text_hash(str(k)) for k in keys], dtype=torch.int64),
+        }
+
+
 # --- building a stage ------------------------------------------------------------------------------------------
 
 
 @dataclass
 class StageParts:
     module: torch.nn.Module  # what DeepSpeed wraps; forward(**collated) -> {"loss", ...}
-    encoder: Encoder  # tokenizer + (for contrastive stages) the encoder that gets saved
+    encoder: Encoder | DiffRetrieverEncoder  # tokenizer + (for contrastive stages) the encoder that gets saved
     collate: object  # rows (dict of lists) -> forward kwargs
 
 
 def build_stage(cfg: TrainConfig, seed: int) -> StageParts:
     """Load the starting checkpoint and wrap it in the stage's loss module and collator."""
+    if cfg.stage == "diffretriever":
+        return build_diffretriever(cfg)
     if cfg.stage == "pretrain":
         if cfg.causal:
             backbone = causal_ablation.load_causal_backbone(
@@ -201,6 +284,18 @@ def build_stage(cfg: TrainConfig, seed: int) -> StageParts:
     return StageParts(ContrastiveModel(encoder, cfg), encoder, ContrastiveCollator(encoder, cfg))
 
 
+def build_diffretriever(cfg: TrainConfig) -> StageParts:
+    """A Dream / LLaDA / embedlib diffusion LM with its head, optionally with LoRA adapters."""
+    encoder = DiffRetrieverEncoder(load_diffusion_lm(cfg.model, device="cpu", dtype="fp32"))
+    lm = encoder.model
+    if cfg.lora is not None:
+        from embedlib.training.lora import add_lora
+
+        lm = add_lora(lm, cfg.lora)  # adapters injected into encoder.model, which the forward runs
+    lm.train()
+    return StageParts(DiffRetrieverModel(encoder, cfg, lm), encoder, DiffRetrieverCollator(encoder, cfg))
+
+
 class PretrainCollator:
     def __init__(self, encoder: Encoder, max_length: int):
         self.encoder, self.max_length = encoder, max_length
@@ -224,10 +319,8 @@ class ContrastiveCollator:
             keys = rows["doc_id"] if "doc_id" in rows else rows["positive"]
             batch["doc_hash"] = torch.tensor([text_hash(str(k)) for k in keys], dtype=torch.int64)
         if cfg.stage == "triplet":
-            negatives = [list(n)[: cfg.hard_negatives] for n in rows["negatives"]]
-            if any(len(n) < cfg.hard_negatives for n in negatives):
-                raise ValueError(f"triplet rows need {cfg.hard_negatives} negatives (hard_negatives)")
-            batch["negatives"] = padded(self.encoder, [t for n in negatives for t in n], cfg.data.max_length)
+            negatives = hard_negatives(rows, "negatives", cfg.hard_negatives)
+            batch["negatives"] = padded(self.encoder, negatives, cfg.data.max_length)
         if cfg.stage == "contextual":
             batch.update(self.late_chunks(rows))
         return batch

@@ -1,0 +1,92 @@
+"""DiffRetriever shards: a multi-vector FAISS index and an integer inverted index per shard.
+
+Files per shard: ``shard-NNNNN.parquet`` (ids, the K_p vectors flattened, the sparse vector; also the
+carry-over source of incremental runs, as for dense shards), ``shard-NNNNN.faiss`` (inner-product index over
+every mask-position vector) and ``shard-NNNNN.postings.npz`` (term -> document postings, weights quantized to
+integers as PromptReps does). Dense and sparse scores are raw (MaxSim, dot product), so shards merge by score;
+hybrid scores are normalised over the candidates of all shards together (``ShardedIndex`` does that).
+"""
+
+from __future__ import annotations
+
+import io
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+
+from embedlib import storage
+from embedlib.encoding.representative_tokens import RepresentativeTokens
+from embedlib.index.encode_stage import column_matrix, sparse_matrix
+from embedlib.search.hybrid import Candidates, DiffRetrieverIndex
+from embedlib.search.multivector import MultiVectorIndex
+from embedlib.search.sparse import SparseIndex
+
+DEFAULT_PARAMS = {"factory": "Flat", "sparse_scale": 100.0, "candidates": 100}
+SPARSE_COLUMNS = ["sparse_ids", "sparse_weights"]
+
+
+def shard_tokens(table: pa.Table, k: int, dim: int, vocab_size: int) -> RepresentativeTokens:
+    """A shard table's documents as representative tokens (``vector`` holds ``k * dim`` floats per row)."""
+    dense = column_matrix(table.column("vector"), np.float32).reshape(table.num_rows, k, dim)
+    sparse = sparse_matrix(table.column("sparse_ids"), table.column("sparse_weights"), vocab_size)
+    return RepresentativeTokens(dense=list(dense), sparse=sparse, k=k)
+
+
+def shard_index_files(table: pa.Table, k: int, dim: int, vocab_size: int, params: dict) -> dict[str, bytes]:
+    """The shard's ``.faiss`` and ``.postings.npz`` files."""
+    tokens = shard_tokens(table, k, dim, vocab_size)
+    if table.num_rows:
+        index = DiffRetrieverIndex.build(tokens, factory=params["factory"], scale=params["sparse_scale"])
+        dense, sparse = index.dense.faiss, index.sparse
+    else:
+        dense = faiss.index_factory(dim, params["factory"], faiss.METRIC_INNER_PRODUCT)
+        sparse = SparseIndex(sp.csr_matrix((0, vocab_size), dtype=np.float32), params["sparse_scale"])
+    return {"faiss": faiss.serialize_index(dense).tobytes(), "postings.npz": sparse.postings_bytes()}
+
+
+class RepresentativeShard:
+    """One DiffRetriever shard in memory."""
+
+    def __init__(self, ids: list[str], index: DiffRetrieverIndex):
+        self.ids, self.index = ids, index
+
+    @classmethod
+    def load(cls, base: str, entry: dict, manifest: dict) -> RepresentativeShard:
+        """Read one shard of ``manifest``, checking every file against its checksum."""
+        from embedlib.index.sharded import read_checked
+
+        name, k, dim = entry["name"], manifest["k_passage"], manifest["dim"]
+        parquet = read_checked(storage.join(base, f"{name}.parquet"), entry["parquet_sha256"])
+        table = pq.read_table(io.BytesIO(parquet), columns=["id", "vector"])
+        vectors = column_matrix(table.column("vector"), np.float32).reshape(-1, dim)
+        offsets = np.arange(0, len(vectors) + 1, k, dtype=np.int64)
+        params = manifest["index"]["params"]
+        raw = read_checked(storage.join(base, f"{name}.faiss"), entry["faiss_sha256"])
+        faiss_index = faiss.deserialize_index(np.frombuffer(raw, np.uint8))
+        dense = MultiVectorIndex.from_arrays(vectors, offsets, faiss_index, params["factory"])
+        postings = read_checked(storage.join(base, f"{name}.postings.npz"), entry["postings_sha256"])
+        sparse = SparseIndex.from_postings(sp.load_npz(io.BytesIO(postings)), params["sparse_scale"])
+        return cls(table.column("id").to_pylist(), DiffRetrieverIndex(dense, sparse))
+
+    def search(
+        self, tokens: RepresentativeTokens, k: int, mode: str
+    ) -> tuple[np.ndarray, list[list[str | None]]]:
+        """Top-``k`` raw dense (MaxSim) or sparse scores and ids (``-inf`` / ``None`` fill short rows)."""
+        if len(self.ids) == 0:
+            return np.full((len(tokens), k), -np.inf, np.float32), [[None] * k for _ in range(len(tokens))]
+        positions, scores = self.index.search(tokens, min(k, len(self.ids)), mode=mode)
+        scores = np.where(positions >= 0, scores, -np.inf).astype(np.float32)
+        return scores, [[self.ids[p] if p >= 0 else None for p in row] for row in positions]
+
+    def hybrid_candidates(
+        self, tokens: RepresentativeTokens, candidates: int
+    ) -> list[tuple[Candidates, list[str]]]:
+        """Per query, this shard's hybrid candidates with raw scores, and their ids."""
+        if len(self.ids) == 0:
+            empty = np.zeros(0, np.float32)
+            return [(Candidates(np.zeros(0, np.int64), empty, empty), []) for _ in range(len(tokens))]
+        found = self.index.hybrid_candidates(tokens.dense, tokens.sparse, min(candidates, len(self.ids)))
+        return [(c, [self.ids[p] for p in c.positions]) for c in found]
