@@ -14,7 +14,7 @@ import pytest
 from embedlib.encoding.encoder import Encoder
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.data import text_rows, write_rows
-from embedlib.training.runner import train
+from embedlib.training.runner import TrainingDiverged, train
 
 # Generous timeouts: Ray Train V2 starts several helper actors, each a Python process; on a loaded shared
 # 2-core machine each start can take tens of seconds.
@@ -93,3 +93,35 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_models, shared_
     assert all(row["resumed_from_step"] == 2 for row in result.history[2:])
     assert all(0 <= row["masked_accuracy"] <= 1 for row in result.history)
     Encoder.from_pretrained(tmp_path / "model", device="cpu")
+
+
+def test_diverging_run_stops_with_a_clear_error_and_writes_no_model(ray_cluster, tiny_models, shared_data, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    poisoned = tmp_path / "poisoned"  # a checkpoint with one NaN weight: every loss is NaN
+    shutil.copytree(tiny_models["qwen3-causal"], poisoned)
+    weights = load_file(poisoned / "model.safetensors")
+    weights["model.norm.weight"][0] = float("nan")
+    save_file(weights, poisoned / "model.safetensors", metadata={"format": "pt"})
+    rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=300)[:16]
+    write_rows(rows, str(tmp_path / "text.jsonl"))
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "stage": "pretrain",
+            "model": str(poisoned),
+            "output": str(tmp_path / "model"),
+            "data": {"url": str(tmp_path / "text.jsonl"), "max_length": 32},
+            "batch_size": 4,
+            "max_steps": 3,
+            "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
+            "checkpoint_url": str(tmp_path / "ckpt"),
+            "checkpoint_every": 1,
+            "run_name": "diverge",
+        },
+    )
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 1"):
+        train(cfg)
+    assert not (tmp_path / "model").exists()

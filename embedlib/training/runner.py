@@ -188,7 +188,8 @@ def worker_loop(config: dict) -> None:
         loss = all_ranks_mean(float(out["loss"].detach()))
         if not math.isfinite(loss):
             message = f"loss is {loss} at step {step + 1} (epoch {epoch}): stopping before any checkpoint is written"
-            ray.train.report({"step": step, "diverged": message})
+            if context.get_world_rank() == 0:  # every rank sees the same all-reduced loss and stops here
+                storage.write_bytes_atomic(divergence_marker(cfg), message.encode())
             return
         engine.backward(out["loss"])
         engine.step()
@@ -271,6 +272,12 @@ def checkpoint_url(cfg: TrainConfig) -> str:
     return cfg.checkpoint_url or cfg.output.rstrip("/") + "-checkpoints"
 
 
+def divergence_marker(cfg: TrainConfig) -> str:
+    """Where a worker that saw a NaN/inf loss leaves its message for the driver (Ray Train V2 surfaces only
+    metrics reported with a checkpoint, and a diverged run must not write one)."""
+    return storage.join(checkpoint_url(cfg), cfg.run_name, "DIVERGED")
+
+
 def run_storage(cfg: TrainConfig) -> tuple[str, object]:
     """Ray Train ``storage_path`` and ``storage_filesystem`` for ``checkpoint_url`` (local or any fsspec URL)."""
     url = checkpoint_url(cfg)
@@ -301,6 +308,10 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     steps = total_steps(cfg, dataset.count())
     storage_path, filesystem = run_storage(cfg)
+    marker = divergence_marker(cfg)
+    if storage.exists(marker):  # left by an earlier run of the same name
+        fs, path = storage.filesystem(marker)
+        fs.rm(path)
     trainer = TorchTrainer(
         worker_loop,
         train_loop_config={"train": to_dict(cfg), "steps": steps},
@@ -326,8 +337,8 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
     result = trainer.fit()
     if result.error is not None:
         raise result.error
-    if "diverged" in (result.metrics or {}):
-        raise TrainingDiverged(result.metrics["diverged"])
+    if storage.exists(marker):
+        raise TrainingDiverged(f"{cfg.run_name}: {storage.read_bytes(marker).decode()}")
     history = load_history(result.checkpoint)
     write_history(history, cfg.output, title=f"{cfg.stage}: {cfg.run_name}")
     return TrainResult(
