@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embedlib.encoding.encoder import embedded_text
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder, RepresentativeTokens
 from embedlib.eval.beir import BeirDataset, load_beir
 from embedlib.eval.metrics import evaluate_run, run_from_topk
@@ -76,7 +77,7 @@ def main() -> None:
     test = load_beir(args.dataset, "test")
     train = load_beir(args.dataset, args.train_split) if args.train_split else None
     doc_ids = subset(test, train, args.max_docs)
-    texts = [f"{test.corpus[d]['title']} {test.corpus[d]['text']}".strip() for d in doc_ids]
+    texts = [embedded_text(test.corpus[d]["title"], test.corpus[d]["text"]) for d in doc_ids]
     queries = test.judged_queries()
     query_ids, query_texts = list(queries), list(queries.values())
     with tempfile.TemporaryDirectory() as tmp:

@@ -54,6 +54,11 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     return texts
 
 
+
+def embedded_text(title: str | None, text: str) -> str:
+    """The text a document is embedded as (BEIR's and sentence-transformers' ``title + " " + text``)."""
+    return f"{title} {text}".strip() if title else text
+
 class Encoder:
     """A bidirectional encoder with mean pooling and INT8/binary quantization (pplx-embed §4.3)."""
 

@@ -166,6 +166,24 @@ class _RepresentativeBase:
         truncated = sum(len(body) > budget for body in bodies)
         return [head + body[:budget] + middle + masks + tail for body in bodies], truncated
 
+    def collect(
+        self, ids: list[list[int]], plan: list[list[int]], k: int, read, passes_per_batch: int, desc: str,
+        show_progress: bool,
+    ) -> RepresentativeTokens:
+        """Run ``read(batch ids) -> (states (B, K, d), logits (B, K, V))`` over the planned batches; the dense
+        and sparse vectors come back in input order."""
+        dense: list[np.ndarray | None] = [None] * len(ids)
+        rows: list[sp.csr_matrix] = []
+        order: list[int] = []
+        for batch in tqdm(plan, desc=desc, unit="batch", disable=not show_progress):
+            states, logits = read([ids[i] for i in batch])
+            self.last_stats.forward_passes += passes_per_batch
+            for row, vectors in zip(batch, unit_rows(states), strict=True):
+                dense[row] = vectors
+            rows.append(sparse_from_logits(logits, self.excluded.to(logits.device), self.top_terms))
+            order.extend(batch)
+        return RepresentativeTokens(dense=dense, sparse=restore_order(rows, order, self.vocab_size), k=k)
+
 
 class DiffRetrieverEncoder(_RepresentativeBase):
     """K representative tokens from ONE bidirectional forward pass of a diffusion LM."""
@@ -257,18 +275,11 @@ class DiffRetrieverEncoder(_RepresentativeBase):
         ids, truncated = self.masked_prompts(texts, k, kind)
         plan = plan_batches([len(x) for x in ids], max_tokens_per_batch, batch_size)
         self.last_stats = RepresentativeStats(texts=len(ids), truncated=truncated, batches=len(plan))
-        dense: list[np.ndarray | None] = [None] * len(ids)
-        rows: list[sp.csr_matrix] = []
-        order: list[int] = []
-        for batch in tqdm(plan, desc=f"diffretriever {kind} k={k}", unit="batch", disable=not show_progress):
-            input_ids, attention_mask = pad_batch([ids[i] for i in batch], self.tokenizer.pad_token_id)
-            states, logits = self.states_and_logits(input_ids, attention_mask, k)
-            self.last_stats.forward_passes += 1
-            for row, vectors in zip(batch, unit_rows(states), strict=True):
-                dense[row] = vectors
-            rows.append(sparse_from_logits(logits, self.excluded.to(logits.device), self.top_terms))
-            order.extend(batch)
-        return RepresentativeTokens(dense=dense, sparse=restore_order(rows, order, self.vocab_size), k=k)
+        pad_id = self.tokenizer.pad_token_id
+        return self.collect(
+            ids, plan, k, lambda rows: self.states_and_logits(*pad_batch(rows, pad_id), k), passes_per_batch=1,
+            desc=f"diffretriever {kind} k={k}", show_progress=show_progress,
+        )
 
 
 def mask_positions(input_ids: torch.Tensor, mask_token_id: int, k: int) -> torch.Tensor:
@@ -363,18 +374,11 @@ class PromptRepsEncoder(_RepresentativeBase):
         ids, truncated = self.prompt_ids(texts, check_k(k), kind, [], [])
         plan = plan_batches([len(x) + k for x in ids], max_tokens_per_batch, batch_size)
         self.last_stats = RepresentativeStats(texts=len(ids), truncated=truncated, batches=len(plan))
-        dense: list[np.ndarray | None] = [None] * len(ids)
-        rows: list[sp.csr_matrix] = []
-        order: list[int] = []
-        for batch in tqdm(plan, desc=f"promptreps {kind} k={k}", unit="batch", disable=not show_progress):
-            input_ids, attention_mask = left_pad_batch([ids[i] for i in batch], self.tokenizer.pad_token_id)
-            states, logits = self.generate(input_ids, attention_mask, k)
-            self.last_stats.forward_passes += k
-            for row, vectors in zip(batch, unit_rows(states), strict=True):
-                dense[row] = vectors
-            rows.append(sparse_from_logits(logits, self.excluded.to(logits.device), self.top_terms))
-            order.extend(batch)
-        return RepresentativeTokens(dense=dense, sparse=restore_order(rows, order, self.vocab_size), k=k)
+        pad_id = self.tokenizer.pad_token_id
+        return self.collect(
+            ids, plan, k, lambda rows: self.generate(*left_pad_batch(rows, pad_id), k), passes_per_batch=k,
+            desc=f"promptreps {kind} k={k}", show_progress=show_progress,
+        )
 
 
 def left_pad_batch(token_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 
 from embedlib import storage
+from embedlib.encoding.encoder import embedded_text
 
 
 class DatasetError(ValueError):
@@ -27,7 +28,7 @@ class BeirDataset:
     def doc_texts(self, with_title: bool = True) -> list[str]:
         """Document texts as BEIR/sentence-transformers embed them: ``title + " " + text``."""
         return [
-            f"{doc['title']} {doc['text']}".strip() if with_title and doc.get("title") else doc["text"]
+            embedded_text(doc.get("title") if with_title else None, doc["text"])
             for doc in self.corpus.values()
         ]
 

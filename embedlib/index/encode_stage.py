@@ -22,15 +22,10 @@ import torch
 
 from embedlib import storage
 from embedlib.encoding.batching import pad_batch, plan_batches
-from embedlib.encoding.encoder import Encoder
+from embedlib.encoding.encoder import Encoder, embedded_text
 from embedlib.encoding.quantize import mean_pool, quantize, truncate
 from embedlib.index.config import IndexJobConfig
 from embedlib.models.loading import Backbone, checkpoint_max_length, load_tokenizer, read_checkpoint_config
-
-
-def embedded_text(title: str, text: str) -> str:
-    """The text a document is embedded as (BEIR's ``title + " " + text``)."""
-    return f"{title} {text}".strip() if title else text
 
 
 @cache
