@@ -5,6 +5,8 @@ before and after, through the INT8 path.
     python bench/train_minilm_scifact.py --work /tmp/embedlib-bench/minilm
     # reduced protocol for a loaded shared CPU: 128-token documents in training and evaluation
     python bench/train_minilm_scifact.py --max-length 128 --eval-max-length 128 --batch-size 16
+    # the triplet stage (and evaluation) again, from the pair model an earlier run saved
+    python bench/train_minilm_scifact.py --reuse-pair --max-length 128
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import random
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import ray
 import torch
@@ -43,7 +46,7 @@ def stage_config(stage: str, model: str, output: str, data: str, args) -> TrainC
             "epochs": args.epochs,
             "optimizer": {"lr": args.lr, "warmup_steps": 3, "schedule": "linear"},
             "deepspeed": {"zero_stage": 2, "precision": "fp32"},
-            "scaling": {"num_workers": 1, "cpus_per_worker": 1, "torch_threads": 1},
+            "scaling": {"num_workers": 1, "cpus_per_worker": 1, "torch_threads": args.torch_threads},
             "checkpoint_every": 1000,
         },
     )
@@ -64,6 +67,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--max-length", type=int, default=256, help="training token cap for documents")
     parser.add_argument("--eval-max-length", type=int, default=None, help="None: the checkpoint's (256)")
+    parser.add_argument("--torch-threads", type=int, default=2, help="threads of the one training worker")
+    parser.add_argument(
+        "--reuse-pair", action="store_true", help="start from WORK/pair when an earlier run saved it there"
+    )
     parser.add_argument(
         "--cache",
         default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"),
@@ -84,12 +91,18 @@ def main() -> None:
     base = str(default_model_path())
     torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    pair = train(stage_config("pair", base, str(work / "pair"), str(work / "pairs.parquet"), args))
+    if args.reuse_pair and (work / "pair" / "metrics.json").exists():
+        history = json.loads((work / "pair" / "metrics.json").read_text())
+        pair = SimpleNamespace(history=history, steps=history[-1]["step"])
+        print(f"reusing {work / 'pair'} ({pair.steps} pair steps)")
+    else:
+        pair = train(stage_config("pair", base, str(work / "pair"), str(work / "pairs.parquet"), args))
     triplet = train(
         stage_config(
             "triplet", str(work / "pair"), str(work / "triplet"), str(work / "triplets.parquet"), args
         )
     )
+    torch.set_num_threads(args.torch_threads)  # training is over: the driver encodes for evaluation
     before, after = {}, {}
     for name in ("scifact", "nfcorpus-test"):  # the SciFact pair first: the headline figure
         after[name] = score(str(work / "triplet"), name, args)

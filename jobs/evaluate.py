@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--index", dest="indexes", action="append", help="published ShardedIndex URL (repeatable)")
     parser.add_argument("--distractors", help="text folder or parquet corpus to grow the corpus with")
     parser.add_argument("--scale", dest="scales", type=comma_list(float), help="corpus size factors, e.g. 1,10,100")
+    parser.add_argument("--scale-index", help="grow the corpus through the indexing pipeline: index root URL")
     parser.add_argument("--distractor-max-words", type=int, help="words per distractor paragraph (default 48)")
     parser.add_argument("--bitext", help="Tatoeba folder for bitext mining (accuracy@1 both directions)")
     parser.add_argument("--langs", type=comma_list(str), help="bitext languages, e.g. deu,fra (default: all)")

@@ -44,8 +44,8 @@ def nce(positive: float, negatives: list[float], temperature: float) -> float:
 
 def test_maxsim_matrix_by_hand():
     x = hand_inputs()
-    # q0 rows (1,0),(0,1); q1 rows (0,1),(-0.6,0.8) [its best on p0 is -0.6: clamped to 0]; p1 = (0,-1),(0.6,0.8)
-    expected = [[0.5, 0.7, 1.0], [0.0, (0.8 + 0.28) / 2, (1.0 + 0.8) / 2]]
+    # q0 rows (1,0),(0,1); q1 rows (0,1),(-0.6,0.8) [its best on p0 is -0.6, kept]; p1 = (0,-1),(0.6,0.8)
+    expected = [[0.5, 0.7, 1.0], [-0.3, (0.8 + 0.28) / 2, (1.0 + 0.8) / 2]]
     np.testing.assert_allclose(maxsim_matrix(x["query_states"], x["passage_states"]), expected, atol=1e-6)
 
 
@@ -55,7 +55,7 @@ def test_diffretriever_loss_by_hand():
         x[name].requires_grad_(True)
     tau, weight = 0.1, 0.5
     out = diffretriever_loss(**x, temperature=tau, sparse_weight=weight)
-    dense = (nce(0.5, [0.7, 1.0], tau) + nce(0.54, [0.0, 0.9], tau)) / 2
+    dense = (nce(0.5, [0.7, 1.0], tau) + nce(0.54, [-0.3, 0.9], tau)) / 2
     # term weights: q0 (1,2,0), q1 (0,0,1); p0 (2,0,0), p1 (0,1,2), p2 (0,0,1)
     sparse = (nce(2.0, [2.0, 0.0], 1.0) + nce(2.0, [0.0, 1.0], 1.0)) / 2
     assert out["dense_loss"].item() == pytest.approx(dense, rel=1e-5)
@@ -70,7 +70,7 @@ def test_diffretriever_loss_masks_copies_of_the_positive():
     x = hand_inputs()
     hashes = torch.tensor([7, 8, 7])  # the hard negative is q0's own positive again
     out = diffretriever_loss(**x, temperature=0.1, passage_hashes=hashes)
-    assert out["dense_loss"].item() == pytest.approx((nce(0.5, [0.7], 0.1) + nce(0.54, [0.0, 0.9], 0.1)) / 2)
+    assert out["dense_loss"].item() == pytest.approx((nce(0.5, [0.7], 0.1) + nce(0.54, [-0.3, 0.9], 0.1)) / 2)
 
 
 def test_config_errors_name_the_diffretriever_fields():

@@ -109,6 +109,20 @@ def test_recall_never_rises_as_distractors_are_added(cranfield, tiny_models, sha
     assert (tmp_path / "recall_vs_corpus_size.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_growth_through_the_indexing_pipeline_embeds_only_new_docs_and_matches_in_process(
+    cranfield, tiny_models, shared_data, ray_cluster, tmp_path
+):
+    common = dict(dataset=str(cranfield), models=[f"tiny={tiny_models['pplx-embed']}"], quantizations=["int8"],
+                  distractors=str(shared_data / "text"), scales=[1, 2], max_length=48, show_progress=False)
+    in_process = run_evaluation(EvalConfig(out=str(tmp_path / "a"), **common))["scale"]["points"]["tiny/int8"]
+    document = run_evaluation(EvalConfig(out=str(tmp_path / "b"), scale_index=str(tmp_path / "grow"), **common))
+    piped = document["scale"]["points"]["tiny/int8"]
+    corpus = document["dataset"]["documents"]
+    assert [(p["embedded"], p["index_version"]) for p in piped] == [(corpus, 1), (corpus, 2)]
+    for key in ("recall@10", "recall@100", "recall@1000"):  # flat int8 index = exact int8 cosine search
+        assert [p[key] for p in piped] == pytest.approx([p[key] for p in in_process])
+
+
 def test_bitext_accuracy_both_directions(shared_data, minilm_path, tiny_models, tmp_path):
     for suffix in ("fra", "eng"):
         lines = (shared_data / "tatoeba" / f"tatoeba.fra-eng.{suffix}").read_text().splitlines()[:25]

@@ -14,6 +14,7 @@ from embedlib.eval.bitext import load_tatoeba, tatoeba_languages
 from embedlib.eval.distractors import load_distractors
 from embedlib.eval.report import metrics_document, write_report
 from embedlib.eval.run import K_VALUES, evaluate_bitext, evaluate_scale, evaluate_systems, scale_sizes
+from embedlib.eval.scale_index import evaluate_scale_through_index
 from embedlib.eval.systems import (
     BM25System,
     DenseSystem,
@@ -59,6 +60,9 @@ class EvalConfig:
     distractors: str | None = None  # text folder or parquet corpus
     scales: list[float] = field(default_factory=lambda: [1.0])
     distractor_max_words: int = 48
+    # Grow the corpus through the indexing pipeline instead of in-process FAISS: each scale is a published
+    # index version under this URL (incremental: a scale embeds only the distractors it adds).
+    scale_index: str | None = None
     bitext: str | None = None  # Tatoeba folder
     langs: list[str] = field(default_factory=list)  # bitext languages; empty: all
     cache: str | None = None  # embedding cache URL (reused across runs of the same weights and texts)
@@ -97,6 +101,8 @@ class EvalConfig:
             raise EvalConfigError("distractors: scales above 1 need a distractor source")
         if self.distractors and not self.dataset:
             raise EvalConfigError("dataset: the distractor mode grows a dataset's corpus; name the dataset")
+        if self.scale_index and not (self.distractors and self.models and self.method == "dense"):
+            raise EvalConfigError("scale_index: needs distractors and at least one dense-method model")
         if self.distractor_max_words < 1:
             raise EvalConfigError(f"distractor_max_words: must be >= 1, got {self.distractor_max_words}")
         return self
@@ -172,9 +178,16 @@ def run_evaluation(config: EvalConfig) -> dict:
             needed = max(n for _, n in scale_sizes(len(dataset.corpus), config.scales))
             texts = load_distractors(config.distractors, needed, config.distractor_max_words)
             exact = [s for s in systems if not (isinstance(s, DenseSystem) and s.ann != "exact")]
+            if config.scale_index:  # models through the pipeline; other systems (BM25) in-process
+                exact = [s for s in exact if not isinstance(s, DenseSystem)]
             points = evaluate_scale(dataset, exact, texts, config.scales, q2q=config.q2q, k_values=K_VALUES)
+            if config.scale_index:
+                points |= evaluate_scale_through_index(
+                    dataset, config.models, config.quantizations, texts, config.scales, config.scale_index,
+                    q2q=config.q2q, show_progress=config.show_progress)
             scale = {"distractors": config.distractors, "corpus_documents": len(dataset.corpus),
-                     "max_words": config.distractor_max_words, "points": points}
+                     "max_words": config.distractor_max_words, "through_index": config.scale_index,
+                     "points": points}
     else:
         dataset_info.update(source=config.bitext, mode="bitext", queries=None, documents=None)
     if config.bitext:

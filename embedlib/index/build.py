@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import numpy as np
@@ -181,6 +182,34 @@ def write_representative_shard(
     }
 
 
+def shard_writer(cfg: IndexJobConfig, base: str, vectors: pa.Table, positions: np.ndarray, dim: int,
+                 identity: dict) -> tuple[dict, Callable[[str, pa.Table, np.ndarray], ray.ObjectRef]]:
+    """The index parameters, and ``submit(name, rows, take)``: start writing one shard whose rows are
+    ``rows`` (metadata) with the vectors at ``take`` of the index's row order."""
+    if cfg.method == "diffretriever":
+        params = dict(DEFAULT_PARAMS)
+        stored = vectors.select(["vector", *SPARSE_COLUMNS]).take(pa.array(positions))
+
+        def submit_representative(name: str, table: pa.Table, take: np.ndarray) -> ray.ObjectRef:
+            for column in ["vector", *SPARSE_COLUMNS]:
+                table = table.append_column(column, stored.column(column).take(pa.array(take)))
+            return write_representative_shard.remote(
+                base, name, table, cfg.k_passage, dim, identity["vocab_size"], params
+            )
+
+        return params, submit_representative
+    matrix = column_matrix(vectors.column("vector"), output_dtype(cfg.quantization))[positions]
+    sample = matrix[np.random.default_rng(0).permutation(len(matrix))[: cfg.train_sample]]
+    params = default_params(cfg.index_type, cfg.quantization, dim, sample, len(matrix), cfg)
+    template = ray.put(trained_template(cfg.quantization, cfg.index_type, dim, params, sample))
+
+    def submit_dense(name: str, table: pa.Table, take: np.ndarray) -> ray.ObjectRef:
+        table = table.append_column("vector", vectors_column(matrix[take]))
+        return write_shard.remote(base, name, table, template, cfg.quantization, dim, params)
+
+    return params, submit_dense
+
+
 def encode_missing(
     rows: ray.data.Dataset, todo: set[str], cfg: IndexJobConfig, model: str, staging: str
 ) -> None:
@@ -248,30 +277,14 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         raise RuntimeError(
             f"{len(missing)} documents have no vector after encoding (e.g. {sorted(missing)[:3]})"
         )
+    params, submit = shard_writer(cfg, base, vectors, positions, dim, identity)
     shard_of = index_rows["order"].to_numpy() // cfg.shard_size
     columns = ["id", "doc_id", "chunk", "start", "end", "tokens", "content_hash"]
-    if diffretriever:
-        params = dict(DEFAULT_PARAMS)
-        stored = vectors.select(["vector", *SPARSE_COLUMNS]).take(pa.array(positions))
-    else:
-        matrix = column_matrix(vectors.column("vector"), output_dtype(cfg.quantization))[positions]
-        sample = matrix[np.random.default_rng(0).permutation(len(matrix))[: cfg.train_sample]]
-        params = default_params(cfg.index_type, cfg.quantization, dim, sample, len(matrix), cfg)
-        template_ref = ray.put(trained_template(cfg.quantization, cfg.index_type, dim, params, sample))
     pending = []
     for shard in range(int(shard_of.max()) + 1 if len(shard_of) else 0):
         take = np.flatnonzero(shard_of == shard)
         table = pa.Table.from_pandas(index_rows.loc[take, columns], preserve_index=False)
-        name = f"shard-{shard:05d}"
-        if diffretriever:
-            for column in ["vector", *SPARSE_COLUMNS]:
-                table = table.append_column(column, stored.column(column).take(pa.array(take)))
-            pending.append(write_representative_shard.remote(
-                base, name, table, cfg.k_passage, dim, identity["vocab_size"], params
-            ))
-        else:
-            table = table.append_column("vector", vectors_column(matrix[take]))
-            pending.append(write_shard.remote(base, name, table, template_ref, cfg.quantization, dim, params))
+        pending.append(submit(f"shard-{shard:05d}", table, take))
     shards = [ray.get(ref) for ref in tqdm(pending, desc="write shards", disable=not cfg.show_progress)]
 
     manifest = {

@@ -5,8 +5,10 @@ Inputs are what one bidirectional pass reads at the K mask positions: states ``(
 passage of every data-parallel rank is a negative for every query, except the query's own positive and
 copies of it (equal content hash).
 
-- Dense: MaxSim (unit rows, each query vector's best dot product clamped at 0) divided by ``k_query``, so the
-  score lies in [0, 1] like a cosine and the temperature does not depend on K; the ranking is search's MaxSim.
+- Dense: MaxSim (unit rows, each query vector's best dot product) divided by ``k_query``, so the score lies in
+  [-1, 1] like a cosine and the temperature does not depend on K. Search clamps each best dot product at 0;
+  training does not, because the clamp zeroes the gradient of a query vector that every passage vector
+  opposes, and InfoNCE on near-identical (anisotropic) states drives the vectors there and stalls at chance.
 - Sparse: ``log(1 + ReLU(logits))`` max-pooled over K (special ids zeroed, no top-k truncation), dot product,
   on the raw scale (SPLADE's temperature 1).
 """
@@ -25,11 +27,12 @@ SPARSE_TEMPERATURE = 1.0
 
 
 def maxsim_matrix(queries: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
-    """MaxSim / Kq ``(B, N)`` of queries ``(B, Kq, h)`` against passages ``(N, Kp, h)`` (rows unit-normalised)."""
+    """MaxSim / Kq ``(B, N)`` of queries ``(B, Kq, h)`` against passages ``(N, Kp, h)`` (rows unit-normalised,
+    no clamp: see the module docstring)."""
     q = F.normalize(queries.float(), dim=-1)
     p = F.normalize(passages.float(), dim=-1)
     similarities = torch.einsum("bqh,nph->bnqp", q, p)
-    return similarities.amax(dim=-1).clamp(min=0).mean(dim=-1)
+    return similarities.amax(dim=-1).mean(dim=-1)
 
 
 def sparse_matrix(queries: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
