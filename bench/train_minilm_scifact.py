@@ -5,8 +5,8 @@ before and after, through the INT8 path.
     python bench/train_minilm_scifact.py --work /tmp/embedlib-bench/minilm
     # reduced protocol for a loaded shared CPU: 128-token documents in training and evaluation
     python bench/train_minilm_scifact.py --max-length 128 --eval-max-length 128 --batch-size 16
-    # the triplet stage (and evaluation) again, from the pair model an earlier run saved
-    python bench/train_minilm_scifact.py --reuse-pair --max-length 128
+    # evaluation again (and any stage not yet saved under --work)
+    python bench/train_minilm_scifact.py --reuse --max-length 128 --eval-max-length 256
 """
 
 from __future__ import annotations
@@ -52,6 +52,17 @@ def stage_config(stage: str, model: str, output: str, data: str, args) -> TrainC
     )
 
 
+def run_stage(stage: str, model: str, work: Path, args):
+    """Train ``stage`` from ``model`` into ``WORK/<stage>``, or with ``--reuse`` read what a run saved there."""
+    saved = work / stage / "metrics.json"
+    if args.reuse and saved.exists():
+        history = json.loads(saved.read_text())
+        print(f"reusing {work / stage} ({history[-1]['step']} {stage} steps)")
+        return SimpleNamespace(history=history, steps=history[-1]["step"])
+    data = work / ("pairs.parquet" if stage == "pair" else "triplets.parquet")
+    return train(stage_config(stage, model, str(work / stage), str(data), args))
+
+
 def score(model: str, dataset: str, args) -> dict[str, float]:
     encoder = Encoder.from_pretrained(model, device="cpu", max_length=args.eval_max_length)
     result = retrieval_scores(encoder, str(DATA / dataset), "test", cache=args.cache, name=dataset)
@@ -66,10 +77,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--max-length", type=int, default=256, help="training token cap for documents")
-    parser.add_argument("--eval-max-length", type=int, default=None, help="None: the checkpoint's (256)")
+    parser.add_argument(
+        "--eval-max-length", type=int, default=256, help="evaluation token cap, the same before and after"
+    )
     parser.add_argument("--torch-threads", type=int, default=2, help="threads of the one training worker")
     parser.add_argument(
-        "--reuse-pair", action="store_true", help="start from WORK/pair when an earlier run saved it there"
+        "--reuse", action="store_true", help="skip a stage whose model an earlier run saved under WORK"
     )
     parser.add_argument(
         "--cache",
@@ -91,17 +104,8 @@ def main() -> None:
     base = str(default_model_path())
     torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    if args.reuse_pair and (work / "pair" / "metrics.json").exists():
-        history = json.loads((work / "pair" / "metrics.json").read_text())
-        pair = SimpleNamespace(history=history, steps=history[-1]["step"])
-        print(f"reusing {work / 'pair'} ({pair.steps} pair steps)")
-    else:
-        pair = train(stage_config("pair", base, str(work / "pair"), str(work / "pairs.parquet"), args))
-    triplet = train(
-        stage_config(
-            "triplet", str(work / "pair"), str(work / "triplet"), str(work / "triplets.parquet"), args
-        )
-    )
+    pair = run_stage("pair", base, work, args)
+    triplet = run_stage("triplet", str(work / "pair"), work, args)
     torch.set_num_threads(args.torch_threads)  # training is over: the driver encodes for evaluation
     before, after = {}, {}
     for name in ("scifact", "nfcorpus-test"):  # the SciFact pair first: the headline figure
