@@ -113,7 +113,7 @@ def test_growth_through_the_indexing_pipeline_embeds_only_new_docs_and_matches_i
     cranfield, tiny_models, shared_data, ray_cluster, tmp_path
 ):
     common = dict(dataset=str(cranfield), models=[f"tiny={tiny_models['pplx-embed']}"], quantizations=["int8"],
-                  distractors=str(shared_data / "text"), scales=[1, 2], max_length=48, show_progress=False)
+                  distractors=str(shared_data / "text"), scales=[1, 2], show_progress=False)
     in_process = run_evaluation(EvalConfig(out=str(tmp_path / "a"), **common))["scale"]["points"]["tiny/int8"]
     document = run_evaluation(EvalConfig(out=str(tmp_path / "b"), scale_index=str(tmp_path / "grow"), **common))
     piped = document["scale"]["points"]["tiny/int8"]

@@ -103,6 +103,9 @@ class EvalConfig:
             raise EvalConfigError("dataset: the distractor mode grows a dataset's corpus; name the dataset")
         if self.scale_index and not (self.distractors and self.models and self.method == "dense"):
             raise EvalConfigError("scale_index: needs distractors and at least one dense-method model")
+        if self.scale_index and self.max_length is not None:
+            raise EvalConfigError("max_length: the indexing pipeline encodes at the model's own max length; "
+                                  "leave max_length unset with scale_index")
         if self.distractor_max_words < 1:
             raise EvalConfigError(f"distractor_max_words: must be >= 1, got {self.distractor_max_words}")
         return self

@@ -135,30 +135,37 @@ def shard_rows(docs: pd.DataFrame, vectors: pa.Table, chunked: bool) -> tuple[pd
     return rows, rows["position"].to_numpy()
 
 
+def write_shard_files(base: str, name: str, table: pa.Table, files: dict[str, bytes]) -> dict:
+    """Write ``<name>.<suffix>`` for each of a shard's files; returns its manifest entry (with checksums)."""
+    for suffix, data in files.items():
+        storage.write_bytes_atomic(storage.join(base, f"{name}.{suffix}"), data)
+    return {
+        "name": name,
+        "rows": table.num_rows,
+        "docs": len(set(table.column("doc_id").to_pylist())),
+        "bytes": sum(len(data) for data in files.values()),
+        **{f"{suffix.split('.')[0]}_sha256": hashlib.sha256(data).hexdigest() for suffix, data in files.items()},
+    }
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
 @ray.remote(num_cpus=0.5)
 def write_shard(
     base: str, name: str, table: pa.Table, template: bytes, quantization: str, dim: int, params: dict
 ) -> dict:
     """Write one shard's parquet and FAISS index; returns its manifest entry."""
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    parquet_bytes = buffer.getvalue()
     vectors = (
         column_matrix(table.column("vector"), output_dtype(quantization))
         if table.num_rows
         else np.zeros((0, output_width(dim, quantization)), output_dtype(quantization))
     )
-    index_bytes = shard_index(template, vectors, quantization, params)
-    storage.write_bytes_atomic(storage.join(base, f"{name}.parquet"), parquet_bytes)
-    storage.write_bytes_atomic(storage.join(base, f"{name}.faiss"), index_bytes)
-    return {
-        "name": name,
-        "rows": table.num_rows,
-        "docs": len(set(table.column("doc_id").to_pylist())),
-        "bytes": len(parquet_bytes) + len(index_bytes),
-        "parquet_sha256": hashlib.sha256(parquet_bytes).hexdigest(),
-        "faiss_sha256": hashlib.sha256(index_bytes).hexdigest(),
-    }
+    files = {"parquet": parquet_bytes(table), "faiss": shard_index(template, vectors, quantization, params)}
+    return write_shard_files(base, name, table, files)
 
 
 @ray.remote(num_cpus=0.5)
@@ -168,18 +175,8 @@ def write_representative_shard(
     """Write one DiffRetriever shard (parquet, multi-vector FAISS, postings); returns its manifest entry."""
     from embedlib.index.representative_shards import shard_index_files
 
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    files = {"parquet": buffer.getvalue(), **shard_index_files(table, k, dim, vocab_size, params)}
-    for suffix, data in files.items():
-        storage.write_bytes_atomic(storage.join(base, f"{name}.{suffix}"), data)
-    return {
-        "name": name,
-        "rows": table.num_rows,
-        "docs": table.num_rows,
-        "bytes": sum(len(data) for data in files.values()),
-        **{f"{suffix.split('.')[0]}_sha256": hashlib.sha256(data).hexdigest() for suffix, data in files.items()},
-    }
+    files = {"parquet": parquet_bytes(table), **shard_index_files(table, k, dim, vocab_size, params)}
+    return write_shard_files(base, name, table, files)
 
 
 def shard_writer(cfg: IndexJobConfig, base: str, vectors: pa.Table, positions: np.ndarray, dim: int,

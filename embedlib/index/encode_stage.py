@@ -227,19 +227,17 @@ def encode_rows(rows: ray.data.Dataset, cfg: IndexJobConfig, model: str) -> ray.
         num_cpus=cfg.cpus_per_actor,
         num_gpus=cfg.gpus_per_actor,
     )
-    torch_threads = None if cfg.gpus_per_actor else default_torch_threads(cfg)
+    actor = dict(
+        model=model,
+        max_tokens_per_batch=cfg.max_tokens_per_batch,
+        torch_threads=None if cfg.gpus_per_actor else default_torch_threads(cfg),
+        device=cfg.device,
+        dtype=cfg.dtype,
+    )
     if cfg.method == "diffretriever":
         return rows.map_batches(
             RepresentativeActor,
-            fn_constructor_kwargs=dict(
-                model=model,
-                k_passage=cfg.k_passage,
-                top_terms=cfg.top_terms,
-                max_tokens_per_batch=cfg.max_tokens_per_batch,
-                torch_threads=torch_threads,
-                device=cfg.device,
-                dtype=cfg.dtype,
-            ),
+            fn_constructor_kwargs=dict(actor, k_passage=cfg.k_passage, top_terms=cfg.top_terms),
             **pool,
         )
     # Tokenization asks for fewer CPUs than the actors, so Ray Data runs it as separate tasks (no fusion).
@@ -252,15 +250,8 @@ def encode_rows(rows: ray.data.Dataset, cfg: IndexJobConfig, model: str) -> ray.
     )  # CPU tasks
     return tokens.map_batches(
         EncoderActor,
-        **pool,
         fn_constructor_kwargs=dict(
-            model=model,
-            quantization=cfg.quantization,
-            dim=cfg.dim,
-            chunk_tokens=cfg.chunk_tokens,
-            max_tokens_per_batch=cfg.max_tokens_per_batch,
-            torch_threads=torch_threads,
-            device=cfg.device,
-            dtype=cfg.dtype,
+            actor, quantization=cfg.quantization, dim=cfg.dim, chunk_tokens=cfg.chunk_tokens
         ),
+        **pool,
     )
