@@ -2,9 +2,7 @@
 BM25-mined hard negatives) through the Ray Train + DeepSpeed runner; SciFact test and NFCorpus test nDCG@10
 before and after, through the INT8 path.
 
-    python bench/train_minilm_scifact.py --work /tmp/embedlib-bench/minilm
-    # reduced protocol for a loaded shared CPU: 128-token documents in training and evaluation
-    python bench/train_minilm_scifact.py --max-length 128 --eval-max-length 128 --batch-size 16
+    python bench/train_minilm_scifact.py --max-length 128     # the measured run: 128-token training documents
     # evaluation again (and any stage not yet saved under --work)
     python bench/train_minilm_scifact.py --reuse --max-length 128 --eval-max-length 256
 """
@@ -43,8 +41,8 @@ def stage_config(stage: str, model: str, output: str, data: str, args) -> TrainC
             "run_name": f"minilm-{stage}-{int(time.time())}",
             "data": {"url": data, "max_length": args.max_length, "query_max_length": 64},
             "batch_size": args.batch_size,
-            "epochs": args.epochs,
-            "optimizer": {"lr": args.lr, "warmup_steps": 3, "schedule": "linear"},
+            "epochs": getattr(args, f"{stage}_epochs"),
+            "optimizer": {"lr": getattr(args, f"{stage}_lr"), "warmup_steps": 3, "schedule": "linear"},
             "deepspeed": {"zero_stage": 2, "precision": "fp32"},
             "scaling": {"num_workers": 1, "cpus_per_worker": 1, "torch_threads": args.torch_threads},
             "checkpoint_every": 1000,
@@ -74,8 +72,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--work", default="/tmp/embedlib-bench/minilm")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--pair-epochs", type=int, default=2)
+    parser.add_argument("--pair-lr", type=float, default=3e-5)
+    parser.add_argument("--triplet-epochs", type=int, default=1)
+    parser.add_argument("--triplet-lr", type=float, default=1e-4)
     parser.add_argument("--max-length", type=int, default=256, help="training token cap for documents")
     parser.add_argument(
         "--eval-max-length", type=int, default=256, help="evaluation token cap, the same before and after"
@@ -114,6 +114,7 @@ def main() -> None:
     (work / "losses.png").write_bytes(loss_curves_png({"pair": pair.history, "triplet": triplet.history}))
     tokens_per_s = [r["tokens_per_s"] for r in pair.history + triplet.history]
     summary = {
+        "args": vars(args),
         "before": before,
         "after": after,
         "pair_steps": pair.steps,
