@@ -6,10 +6,12 @@ DeepSpeed.
         --negatives bm25 --set optimizer.lr=5e-5
     python jobs/train.py --stage diffretriever --config jobs/configs/tiny-diffretriever.yaml \\
         --prepare-beir ../shared/data/scifact
+    python jobs/train.py --config jobs/configs/tiny-contextual.yaml --prepare-beir ../shared/data/scifact
 
 ``--prepare-beir`` first writes the config's ``data.url`` from a BEIR-layout dataset (qrels -> pairs,
 plus hard negatives mined with BM25 or an embedding model for triplets, and for diffretriever with
-``hard_negatives > 0``).
+``hard_negatives > 0``; for contextual, each relevant document in sentence chunks with the BM25-best chunk
+as gold).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from embedlib.encoding.encoder import Encoder  # noqa: E402
 from embedlib.eval.beir import load_beir  # noqa: E402
 from embedlib.training.config import TrainConfig, load_config, parse_overrides  # noqa: E402
 from embedlib.training.data import (  # noqa: E402
+    beir_contextual_rows,
     beir_pairs,
     mine_bm25_negatives,
     mine_embedding_negatives,
@@ -37,21 +40,20 @@ from embedlib.training.runner import train  # noqa: E402
 
 
 def prepare_beir(cfg: TrainConfig, url: str, split: str, negatives: str) -> None:
-    """Write ``cfg.data.url`` from a BEIR dataset: shuffled pairs, or triplets with mined negatives."""
+    """Write ``cfg.data.url`` from a BEIR dataset: shuffled pairs, triplets with mined negatives, or
+    contextual rows (relevant documents in sentence chunks, the BM25-best chunk gold)."""
     dataset = load_beir(url, split)
-    pairs = beir_pairs(dataset)
-    random.Random(cfg.seed).shuffle(pairs)
     rows = row_format(cfg.stage, cfg.hard_negatives)
+    examples = beir_contextual_rows(dataset) if rows == "contextual" else beir_pairs(dataset)
+    random.Random(cfg.seed).shuffle(examples)
     if rows == "triplet":
         if negatives == "bm25":
-            pairs = mine_bm25_negatives(pairs, dataset, k=cfg.hard_negatives)
+            examples = mine_bm25_negatives(examples, dataset, k=cfg.hard_negatives)
         else:
             encoder = Encoder.from_pretrained(negatives.removeprefix("model:"))
-            pairs = mine_embedding_negatives(pairs, dataset, encoder, k=cfg.hard_negatives)
-    elif rows != "pair":
-        raise SystemExit(f"--prepare-beir writes pair or triplet data, not {cfg.stage!r}")
-    write_rows(pairs, cfg.data.url)
-    print(f"wrote {len(pairs)} {rows} rows to {cfg.data.url}")
+            examples = mine_embedding_negatives(examples, dataset, encoder, k=cfg.hard_negatives)
+    write_rows(examples, cfg.data.url)
+    print(f"wrote {len(examples)} {rows} rows to {cfg.data.url}")
 
 
 def main(stages: tuple[str, ...] = ("pair", "contextual", "triplet", "diffretriever")) -> None:

@@ -10,10 +10,17 @@ import pytest
 import torch
 
 from embedlib.encoding.encoder import Encoder
-from embedlib.eval.beir import load_beir
+from embedlib.eval.beir import BeirDataset, load_beir
 from embedlib.models.loading import load_backbone
 from embedlib.training.config import ConfigError, TrainConfig, from_dict, load_config
-from embedlib.training.data import beir_pairs, mine_bm25_negatives, read_rows, text_rows, write_rows
+from embedlib.training.data import (
+    beir_contextual_rows,
+    beir_pairs,
+    mine_bm25_negatives,
+    read_rows,
+    text_rows,
+    write_rows,
+)
 from embedlib.training.merge import merge_checkpoints, slerp
 from embedlib.training.stages import DiffusionLM, PretrainCollator, resolve_mask_id
 
@@ -84,6 +91,25 @@ def test_beir_pairs_and_bm25_hard_negatives(shared_data, tmp_path):
         assert not set(row["negative_ids"]) & set(dataset.qrels[row["query_id"]])
     write_rows(triplets, str(tmp_path / "t.parquet"))
     assert read_rows(str(tmp_path / "t.parquet"))[0]["negatives"] == triplets[0]["negatives"]
+
+
+def test_beir_contextual_rows_take_the_chunk_with_the_query_terms_as_gold():
+    dataset = BeirDataset(
+        corpus={
+            "d1": {"title": "", "text": "Cats purr. Dogs bark loudly. Wings flutter at high speed. Engines roar."},
+            "d2": {"title": "", "text": "Heat transfer in laminar flow near the nose. Drag rises."},
+            "d3": {"title": "", "text": "One sentence only."},
+        },
+        queries={"q1": "wing flutter speed", "q2": "barking dogs", "q3": "one sentence", "q4": "laminar heat"},
+        qrels={"q1": {"d1": 1}, "q2": {"d1": 1}, "q3": {"d3": 1}, "q4": {"d2": 1}},
+        source="inline",
+    )
+    rows = {row["query_id"]: row for row in beir_contextual_rows(dataset, sentences_per_chunk=1)}
+    assert set(rows) == {"q1", "q2", "q4"}  # d3 has a single chunk: nothing to tell apart
+    assert rows["q1"]["chunks"] == ["Cats purr.", "Dogs bark loudly.", "Wings flutter at high speed.", "Engines roar."]
+    assert (rows["q1"]["gold"], rows["q2"]["gold"], rows["q4"]["gold"]) == (2, 1, 0)
+    pairs = {row["query_id"]: row for row in beir_contextual_rows(dataset, sentences_per_chunk=2)}
+    assert pairs["q1"]["chunks"][1] == "Wings flutter at high speed. Engines roar." and pairs["q1"]["gold"] == 1
 
 
 def test_slerp_endpoints_and_arc():
@@ -203,3 +229,14 @@ def test_contextual_stage_late_chunking(tiny_models, tmp_path):
     out["loss"].backward()
     assert torch.isfinite(out["loss"]) and out["loss"] > 0
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in parts.module.parameters())
+
+
+def test_chunk_window_keeps_the_gold_chunk_inside_the_caps():
+    from embedlib.training.stages import chunk_window
+
+    chunks = [[1] * 5, [2] * 5, [3] * 5, [4] * 5]
+    assert chunk_window(chunks, gold=1, max_chunks=3, max_length=12) == (0, [(0, 5), (5, 10)], [1] * 5 + [2] * 5)
+    # The gold chunk lies past both caps: the window slides forward until it holds it.
+    assert chunk_window(chunks, gold=3, max_chunks=3, max_length=12) == (2, [(0, 5), (5, 10)], [3] * 5 + [4] * 5)
+    # A gold chunk longer than max_length on its own is truncated, never dropped.
+    assert chunk_window([[1] * 5, [2] * 20], gold=1, max_chunks=3, max_length=12) == (1, [(0, 12)], [2] * 12)

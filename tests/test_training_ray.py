@@ -1,4 +1,5 @@
-"""Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-2 over S3, a killed worker resuming.
+"""Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-2 over S3, contextual training on 2 workers
+with ZeRO-3, a killed worker resuming, a diverging run stopping.
 
 The first DeepSpeed use on a machine JIT-compiles its small shared-memory communication op with g++
 (``deepspeed_shm_comm``, cached under ``~/.cache/torch_extensions``); the optimizer is torch's AdamW, so no
@@ -13,7 +14,7 @@ import pytest
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.training.config import TrainConfig, from_dict
-from embedlib.training.data import text_rows, write_rows
+from embedlib.training.data import beir_contextual_rows, text_rows, write_rows
 from embedlib.training.runner import TrainingDiverged, train
 
 # Generous timeouts: Ray Train V2 starts several helper actors, each a Python process; on a loaded shared
@@ -63,6 +64,41 @@ def test_two_worker_deepspeed_zero2_pair_run_over_s3(
         assert [int(r["step"]) for r in csv.DictReader(f)] == [1, 2, 3]
     assert (tmp_path / "model" / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert result.checkpoint and result.checkpoint.startswith(s3_bucket.removeprefix("s3://"))
+
+
+def test_two_worker_zero3_contextual_run_saves_whole_weights(ray_cluster, tiny_models, shared_data, tmp_path):
+    from embedlib.eval.beir import load_beir
+
+    rows = [r for r in beir_contextual_rows(load_beir(str(shared_data / "cranfield"), "test")) if r["gold"] <= 1]
+    write_rows(rows[:24], str(tmp_path / "contextual.parquet"))
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "stage": "contextual",
+            "model": str(tiny_models["pplx-embed"]),
+            "output": str(tmp_path / "model"),
+            "data": {"url": str(tmp_path / "contextual.parquet"), "max_length": 256, "query_max_length": 32},
+            "batch_size": 4,
+            "max_steps": 3,
+            "max_chunks": 4,
+            "optimizer": {"lr": 1e-3},
+            "deepspeed": {"zero_stage": 3},
+            "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+            "checkpoint_url": str(tmp_path / "ckpt"),
+            "checkpoint_every": 3,
+            "run_name": "zero3-contextual",
+        },
+    )
+    result = train(cfg)
+    assert [row["step"] for row in result.history] == [1, 2, 3]
+    assert all(row["loss"] > 0 for row in result.history)
+    start = Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu")
+    trained = Encoder.from_pretrained(tmp_path / "model", device="cpu")
+    # ZeRO-3 leaves each rank a slice of every parameter; the saved model must hold them whole.
+    shapes = {name: tuple(p.shape) for name, p in trained.model.named_parameters()}
+    assert shapes == {name: tuple(p.shape) for name, p in start.model.named_parameters()}
+    assert trained.weights_hash != start.weights_hash
+    assert trained.encode(["a query"], quantization="int8").shape == (1, trained.dim)
 
 
 def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_models, shared_data, tmp_path):

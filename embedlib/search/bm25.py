@@ -34,3 +34,10 @@ class BM25Index:
             self._tokenize(queries), k=k, show_progress=self.show_progress, n_threads=0
         )
         return positions.astype(np.int64), scores.astype(np.float32)
+
+    def scores(self, query: str) -> np.ndarray:
+        """The BM25 score of ``query`` against every indexed text, in index order."""
+        tokens = bm25s.tokenize(
+            [query], stopwords="en", stemmer=self._stemmer, return_ids=False, show_progress=False
+        )[0]
+        return np.asarray(self._bm25.get_scores(tokens), dtype=np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -130,6 +131,55 @@ def beir_pairs(dataset: BeirDataset, min_relevance: int = 1) -> list[dict]:
                 rows.append(
                     {"query": dataset.queries[qid], "positive": texts[did], "query_id": qid, "doc_id": did}
                 )
+    return rows
+
+
+def sentence_chunks(text: str, sentences_per_chunk: int = 2) -> list[str]:
+    """``text`` cut at sentence ends into chunks of ``sentences_per_chunk`` sentences."""
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
+    return [
+        " ".join(sentences[start : start + sentences_per_chunk])
+        for start in range(0, len(sentences), sentences_per_chunk)
+    ]
+
+
+def beir_contextual_rows(
+    dataset: BeirDataset, sentences_per_chunk: int = 2, min_chunks: int = 2, min_relevance: int = 1
+) -> list[dict]:
+    """Contextual rows from qrels: each relevant document cut into sentence chunks, ``gold`` the chunk BM25
+    ranks first for the query (BEIR judges whole documents, so the gold chunk is a lexical estimate).
+    Documents with fewer than ``min_chunks`` chunks are left out."""
+    pairs = beir_pairs(dataset, min_relevance)
+    chunked: dict[str, list[str]] = {}
+    for pair in pairs:
+        if pair["doc_id"] not in chunked:
+            chunked[pair["doc_id"]] = sentence_chunks(pair["positive"], sentences_per_chunk)
+    kept = {doc: chunks for doc, chunks in chunked.items() if len(chunks) >= min_chunks}
+    if not kept:
+        raise DataError(f"no relevant document has {min_chunks} or more chunks of {sentences_per_chunk} sentences")
+    first_chunk, texts = {}, []
+    for doc, chunks in kept.items():
+        first_chunk[doc] = len(texts)
+        texts.extend(chunks)
+    index = BM25Index([str(i) for i in range(len(texts))], texts)
+    rows = []
+    for pair in pairs:
+        if pair["doc_id"] not in kept:
+            continue
+        chunks = kept[pair["doc_id"]]
+        start = first_chunk[pair["doc_id"]]
+        gold = int(np.argmax(index.scores(pair["query"])[start : start + len(chunks)]))
+        rows.append(
+            {
+                "query": pair["query"],
+                "chunks": chunks,
+                "gold": gold,
+                "query_id": pair["query_id"],
+                "doc_id": pair["doc_id"],
+            }
+        )
+    dropped = len(chunked) - len(kept)
+    log.info("%d contextual rows; %d of %d documents had too few chunks", len(rows), dropped, len(chunked))
     return rows
 
 

@@ -8,6 +8,7 @@ before anything is checkpointed, and the driver raises :class:`TrainingDiverged`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -220,8 +221,19 @@ def worker_loop(config: dict) -> None:
             save_checkpoint(engine, step, history, metrics, rank)
         elif step % cfg.log_every == 0:
             ray.train.report(metrics)
-    if rank == 0:
-        save_trained_model(parts, cfg)
+    with whole_parameters(parts.module, cfg):
+        if rank == 0:
+            save_trained_model(parts, cfg)
+
+
+def whole_parameters(module: torch.nn.Module, cfg: TrainConfig):
+    """A context in which the module's parameters are whole: ZeRO-3 partitions them across ranks, and
+    gathering them is a collective that every rank enters."""
+    if cfg.deepspeed.zero_stage != 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
 
 
 def inject_failure_once(cfg: TrainConfig, rank: int, step: int) -> None:

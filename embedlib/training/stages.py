@@ -75,6 +75,26 @@ def padded(encoder: Encoder, texts: Sequence[str], max_length: int) -> dict[str,
 # --- pretraining -------------------------------------------------------------------------------------------
 
 
+def chunk_window(
+    ids_per_chunk: Sequence[Sequence[int]], gold: int, max_chunks: int, max_length: int
+) -> tuple[int, list[tuple[int, int]], list[int]]:
+    """The earliest run of consecutive chunks within ``max_chunks`` and ``max_length`` tokens that holds the
+    gold chunk: ``(first chunk, token span of each chunk, token ids)``; a gold chunk longer than
+    ``max_length`` on its own is truncated."""
+    for first in range(gold + 1):
+        ids: list[int] = []
+        bounds: list[tuple[int, int]] = []
+        for chunk_ids in ids_per_chunk[first : first + max_chunks]:
+            if len(ids) + len(chunk_ids) > max_length:
+                break
+            bounds.append((len(ids), len(ids) + len(chunk_ids)))
+            ids.extend(chunk_ids)
+        if gold - first < len(bounds):
+            return first, bounds, ids
+    ids = list(ids_per_chunk[gold][:max_length])
+    return gold, [(0, len(ids))], ids
+
+
 class DiffusionLM(torch.nn.Module):
     """Masked-diffusion LM objective on a bidirectional decoder with its LM head (§4.2)."""
 
@@ -326,25 +346,16 @@ class ContrastiveCollator:
         return batch
 
     def late_chunks(self, rows: dict) -> dict:
-        """Documents as concatenated chunk tokens with each chunk's span; chunks past the caps are dropped."""
+        """Documents as concatenated chunk tokens with each chunk's span, cut to a window of chunks that fits
+        ``max_chunks`` and ``max_length`` and holds the gold chunk."""
         cfg = self.cfg
         documents, spans, golds = [], [], []
         for chunks, gold in zip(rows["chunks"], rows["gold"], strict=True):
-            ids_per_chunk, _ = self.encoder.tokenize(list(chunks)[: cfg.max_chunks])
-            ids, bounds = [], []
-            for chunk_ids in ids_per_chunk:
-                if len(ids) + len(chunk_ids) > cfg.data.max_length:
-                    break
-                bounds.append((len(ids), len(ids) + len(chunk_ids)))
-                ids.extend(chunk_ids)
-            if int(gold) >= len(bounds):
-                raise ValueError(
-                    f"gold chunk {gold} does not fit in max_length={cfg.data.max_length} tokens "
-                    f"/ max_chunks={cfg.max_chunks}"
-                )
+            ids_per_chunk, _ = self.encoder.tokenize(list(chunks))
+            first, bounds, ids = chunk_window(ids_per_chunk, int(gold), cfg.max_chunks, cfg.data.max_length)
             documents.append(ids)
             spans.append(bounds)
-            golds.append(int(gold))
+            golds.append(int(gold) - first)
         input_ids, attention_mask = pad_batch(documents, self.encoder.tokenizer.pad_token_id)
         span_mask = torch.zeros(len(documents), cfg.max_chunks, input_ids.shape[1])
         for row, bounds in enumerate(spans):
