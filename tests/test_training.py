@@ -72,6 +72,7 @@ def test_config_errors_name_the_field(tmp_path):
         ({"data": {"url": "d", "x": 1}}, "data.x"),
         ({"deepspeed": {"zero_stage": 4}}, "deepspeed.zero_stage"),
         ({"mask_id": "bert"}, "mask_id"),
+        ({"report_every": -1}, "report_every"),
     ]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             from_dict(TrainConfig, {**base, **change})
@@ -240,3 +241,10 @@ def test_chunk_window_keeps_the_gold_chunk_inside_the_caps():
     assert chunk_window(chunks, gold=3, max_chunks=3, max_length=12) == (2, [(0, 5), (5, 10)], [3] * 5 + [4] * 5)
     # A gold chunk longer than max_length on its own is truncated, never dropped.
     assert chunk_window([[1] * 5, [2] * 20], gold=1, max_chunks=3, max_length=12) == (1, [(0, 12)], [2] * 12)
+
+
+def test_progress_line_names_every_metric():
+    from embedlib.training.runner import progress_line
+
+    line = progress_line({"step": 3, "epoch": 0, "loss": 3.14159, "lr": 1e-3, "masked_accuracy": 0.41234}, 300)
+    assert line == "step 3/300 epoch 0 loss 3.142 lr 1.000e-03 masked_accuracy 0.4123"

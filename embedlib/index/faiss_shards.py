@@ -131,7 +131,7 @@ def set_search_params(index, params: dict) -> None:
         index.hnsw.efSearch = params["ef_search"]
 
 
-def top_k(scores: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_k_candidates(scores: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the ``k`` highest scores (ties: lower position first), padded with ``-inf`` / ``-1``."""
     n = scores.shape[0]
     out_scores = np.full((n, k), -np.inf, dtype=np.float32)
@@ -156,8 +156,8 @@ def exhaustive_cosine(queries: np.ndarray, vectors: np.ndarray, k: int) -> tuple
         part = np.argpartition(-scores, take - 1, axis=1)[:, :take]
         best_scores = np.hstack([best_scores, np.take_along_axis(scores, part, 1)])
         best_positions = np.hstack([best_positions, np.take_along_axis(positions, part, 1)])
-        best_scores, best_positions = top_k(best_scores, best_positions, k)
-    return top_k(best_scores, best_positions, k)
+        best_scores, best_positions = top_k_candidates(best_scores, best_positions, k)
+    return top_k_candidates(best_scores, best_positions, k)
 
 
 def rescore(queries: np.ndarray, vectors: np.ndarray, candidates: np.ndarray, quantization: str, k: int):
@@ -169,7 +169,7 @@ def rescore(queries: np.ndarray, vectors: np.ndarray, candidates: np.ndarray, qu
             scores[row, valid] = similarity(
                 queries[row : row + 1], vectors[candidates[row, valid]], quantization
             )[0]
-    return top_k(scores, candidates, k)
+    return top_k_candidates(scores, candidates, k)
 
 
 def search_shard(

@@ -25,7 +25,7 @@ from embedlib.encoding.encoder import Encoder
 from embedlib.encoding.quantize import output_dtype, output_width
 from embedlib.encoding.representative_tokens import RepresentativeTokens
 from embedlib.index.encode_stage import column_matrix
-from embedlib.index.faiss_shards import deserialize, search_shard, top_k
+from embedlib.index.faiss_shards import deserialize, search_shard, top_k_candidates
 from embedlib.index.manifest import ManifestError, read_manifest
 from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES, Candidates, fuse_candidates
 
@@ -295,5 +295,5 @@ def merge_results(
     scores = np.hstack([r[0] for r in results])
     ids = [sum((r[1][row] for r in results), []) for row in range(n)]
     positions = np.where(np.isfinite(scores), np.arange(scores.shape[1])[None, :], -1)
-    best_scores, best_positions = top_k(scores, positions, k)
+    best_scores, best_positions = top_k_candidates(scores, positions, k)
     return best_scores, [[ids[row][p] if p >= 0 else None for p in best_positions[row]] for row in range(n)]

@@ -98,7 +98,11 @@ class TrainConfig:
     checkpoint_url: str | None = None  # Ray Train storage (local or s3://); None: a folder beside output
     checkpoint_every: int = 50
     max_failures: int = 0
-    log_every: int = 1
+    log_every: int = 1  # a progress line from rank 0 every this many steps
+    # Metrics to Ray Train between checkpoints every this many steps (0: with checkpoints only). Each report
+    # waits until the controller has taken the previous one (it polls every 2 s): frequent reports throttle
+    # fast steps.
+    report_every: int = 0
     inject_failure_at_step: int | None = None  # fault injection for resilience tests: kills a worker once
 
     def __post_init__(self) -> None:
@@ -129,6 +133,8 @@ def validate(cfg: TrainConfig) -> None:
         ("k_passage", cfg.k_passage >= 1, "must be >= 1"),
         ("sparse_weight", cfg.sparse_weight >= 0, "must be >= 0"),
         ("checkpoint_every", cfg.checkpoint_every >= 1, "must be >= 1"),
+        ("log_every", cfg.log_every >= 1, "must be >= 1"),
+        ("report_every", cfg.report_every >= 0, "must be >= 0 (0: report with checkpoints only)"),
         ("matryoshka_dims", all(d > 0 for d in cfg.matryoshka_dims or []), "must be positive integers"),
     ]
     for name, ok, message in checks:

@@ -75,26 +75,6 @@ def padded(encoder: Encoder, texts: Sequence[str], max_length: int) -> dict[str,
 # --- pretraining -------------------------------------------------------------------------------------------
 
 
-def chunk_window(
-    ids_per_chunk: Sequence[Sequence[int]], gold: int, max_chunks: int, max_length: int
-) -> tuple[int, list[tuple[int, int]], list[int]]:
-    """The earliest run of consecutive chunks within ``max_chunks`` and ``max_length`` tokens that holds the
-    gold chunk: ``(first chunk, token span of each chunk, token ids)``; a gold chunk longer than
-    ``max_length`` on its own is truncated."""
-    for first in range(gold + 1):
-        ids: list[int] = []
-        bounds: list[tuple[int, int]] = []
-        for chunk_ids in ids_per_chunk[first : first + max_chunks]:
-            if len(ids) + len(chunk_ids) > max_length:
-                break
-            bounds.append((len(ids), len(ids) + len(chunk_ids)))
-            ids.extend(chunk_ids)
-        if gold - first < len(bounds):
-            return first, bounds, ids
-    ids = list(ids_per_chunk[gold][:max_length])
-    return gold, [(0, len(ids))], ids
-
-
 class DiffusionLM(torch.nn.Module):
     """Masked-diffusion LM objective on a bidirectional decoder with its LM head (§4.2)."""
 
@@ -322,6 +302,26 @@ class PretrainCollator:
 
     def __call__(self, rows: dict) -> dict:
         return padded(self.encoder, rows["text"], self.max_length)
+
+
+def chunk_window(
+    ids_per_chunk: Sequence[Sequence[int]], gold: int, max_chunks: int, max_length: int
+) -> tuple[int, list[tuple[int, int]], list[int]]:
+    """The earliest run of consecutive chunks within ``max_chunks`` and ``max_length`` tokens that holds the
+    gold chunk: ``(first chunk, token span of each chunk, token ids)``; a gold chunk longer than
+    ``max_length`` on its own is truncated."""
+    for first in range(gold + 1):
+        ids: list[int] = []
+        bounds: list[tuple[int, int]] = []
+        for chunk_ids in ids_per_chunk[first : first + max_chunks]:
+            if len(ids) + len(chunk_ids) > max_length:
+                break
+            bounds.append((len(ids), len(ids) + len(chunk_ids)))
+            ids.extend(chunk_ids)
+        if gold - first < len(bounds):
+            return first, bounds, ids
+    ids = list(ids_per_chunk[gold][:max_length])
+    return gold, [(0, len(ids))], ids
 
 
 class ContrastiveCollator:
