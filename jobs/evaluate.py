@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 import yaml  # noqa: E402
 
+from embedlib.config import ConfigError  # noqa: E402
 from embedlib.eval.beir import DatasetError  # noqa: E402
-from embedlib.eval.job import EvalConfig, EvalConfigError, run_evaluation  # noqa: E402
+from embedlib.eval.job import EvalConfig, run_evaluation  # noqa: E402
 from embedlib.eval.report import report_markdown  # noqa: E402
 
 
@@ -69,7 +70,6 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
             values[field.name] = flag
     if args.no_progress:
         values["show_progress"] = False
-    values.setdefault("out", None)
     return EvalConfig.from_dict(values)
 
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         document = run_evaluation(config)
-    except (EvalConfigError, DatasetError, FileNotFoundError) as err:
+    except (ConfigError, DatasetError, FileNotFoundError) as err:
         print(f"evaluate: error: {err}", file=sys.stderr)
         return 2
     print(report_markdown(document))

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 import yaml  # noqa: E402
 
 from embedlib.data import SAMPLE_DATASET  # noqa: E402
-from embedlib.index import IndexJobConfig, ShardedIndex, build_index  # noqa: E402
+from embedlib.index import ConfigError, IndexJobConfig, ShardedIndex, build_index  # noqa: E402
 
 DEFAULT_OUTPUT = "outputs/index"
 
@@ -86,7 +86,11 @@ def evaluate_sample(output: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = config_from_args(args)
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as err:
+        print(f"index: error: {err}", file=sys.stderr)
+        return 2
     summary = build_index(cfg)
     print(summary)
     if cfg.input == str(SAMPLE_DATASET / "corpus.jsonl") and cfg.chunk_tokens is None:

@@ -12,8 +12,9 @@ import pytest
 from conftest import write_beir_subset
 
 from embedlib import storage
+from embedlib.config import ConfigError
 from embedlib.eval.beir import DatasetError, load_beir
-from embedlib.eval.job import EvalConfig, EvalConfigError, run_evaluation
+from embedlib.eval.job import EvalConfig, run_evaluation
 from embedlib.eval.run import evaluate_systems, retrieve
 from embedlib.eval.systems import BM25System, DenseSystem, ModelEmbeddings
 
@@ -231,11 +232,13 @@ def test_parquet_layout_loads_like_jsonl(cranfield, tmp_path):
 
 
 def test_config_errors_name_the_field(tmp_path):
-    with pytest.raises(EvalConfigError, match="models"):
+    with pytest.raises(ConfigError, match="models"):
         EvalConfig(out=str(tmp_path), dataset="x").validate()
-    with pytest.raises(EvalConfigError, match="distractors"):
+    with pytest.raises(ConfigError, match="distractors"):
         EvalConfig(out=str(tmp_path), dataset="x", bm25=True, scales=[1, 10]).validate()
-    with pytest.raises(EvalConfigError, match="quantizations"):
+    with pytest.raises(ConfigError, match="quantizations"):
         EvalConfig(out=str(tmp_path), dataset="x", bm25=True, quantizations=["int4"]).validate()
-    with pytest.raises(EvalConfigError, match="unknown config field"):
+    with pytest.raises(ConfigError, match="datasett: unknown field"):
         EvalConfig.from_dict({"out": "x", "datasett": "y"})
+    with pytest.raises(ConfigError, match="k_passage: must be int"):
+        EvalConfig.from_dict({"out": "x", "dataset": "y", "bm25": True, "k_passage": "16"})

@@ -342,3 +342,5 @@ def test_job_cli_runs_on_a_small_corpus(ray_cluster, tmp_path, model, capsys):
     assert ShardedIndex.open(tmp_path / "out").manifest["quantization"] == "binary"
     with pytest.raises(ConfigError, match="shard_size"):
         job.config_from_args(job.parse_args(["--shard-size", "0"]))
+    assert job.main(["--shard-size", "0"]) == 2  # a bad flag: one line naming the field, no traceback
+    assert "shard_size: must be a positive integer" in capsys.readouterr().err

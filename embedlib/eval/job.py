@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from embedlib.config import ConfigError, from_dict
 from embedlib.encoding.quantize import QUANTIZATIONS
 from embedlib.encoding.representative_tokens import DEFAULT_K_PASSAGE, DEFAULT_K_QUERY, DiffRetrieverEncoder
 from embedlib.eval.beir import load_beir
@@ -30,10 +30,6 @@ log = logging.getLogger(__name__)
 
 
 METHODS = ("dense", "diffretriever")
-
-
-class EvalConfigError(ValueError):
-    """An invalid ``EvalConfig``; the message names the field."""
 
 
 @dataclass
@@ -71,56 +67,53 @@ class EvalConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EvalConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise EvalConfigError(f"unknown config field(s): {', '.join(unknown)}")
-        return cls(**values).validate()
+        """Build from plain data (parsed YAML, CLI flags): unknown, missing or mistyped fields are ``ConfigError``s."""
+        return from_dict(cls, values).validate()
 
     def validate(self) -> EvalConfig:
         if not self.out:
-            raise EvalConfigError("out: an output path or URL is required")
+            raise ConfigError("out: an output path or URL is required")
         if not self.dataset and not self.bitext:
-            raise EvalConfigError("dataset: a dataset URL is required (or bitext for bitext mining)")
+            raise ConfigError("dataset: a dataset URL is required (or bitext for bitext mining)")
         if not (self.models or self.bm25 or self.indexes):
-            raise EvalConfigError("models: name at least one model, bm25 or an index")
+            raise ConfigError("models: name at least one model, bm25 or an index")
         if self.method not in METHODS:
-            raise EvalConfigError(f"method: must be one of {METHODS}, got {self.method!r}")
+            raise ConfigError(f"method: must be one of {METHODS}, got {self.method!r}")
         if self.method == "diffretriever":
             self.validate_diffretriever()
         bad = [q for q in self.quantizations if q not in QUANTIZATIONS]
         if bad or not self.quantizations:
-            raise EvalConfigError(f"quantizations: each must be one of {QUANTIZATIONS}, got {self.quantizations}")
+            raise ConfigError(f"quantizations: each must be one of {QUANTIZATIONS}, got {self.quantizations}")
         if self.dim is not None and self.dim < 1:
-            raise EvalConfigError(f"dim: must be a positive integer, got {self.dim}")
+            raise ConfigError(f"dim: must be a positive integer, got {self.dim}")
         if self.dim is not None and "binary" in self.quantizations and self.dim % 8:
-            raise EvalConfigError(f"dim: binary codes need a multiple of 8, got {self.dim}")
+            raise ConfigError(f"dim: binary codes need a multiple of 8, got {self.dim}")
         if any(s < 1 for s in self.scales) or not self.scales:
-            raise EvalConfigError(f"scales: factors must be >= 1, got {self.scales}")
+            raise ConfigError(f"scales: factors must be >= 1, got {self.scales}")
         if max(self.scales) > 1 and not self.distractors:
-            raise EvalConfigError("distractors: scales above 1 need a distractor source")
+            raise ConfigError("distractors: scales above 1 need a distractor source")
         if self.distractors and not self.dataset:
-            raise EvalConfigError("dataset: the distractor mode grows a dataset's corpus; name the dataset")
+            raise ConfigError("dataset: the distractor mode grows a dataset's corpus; name the dataset")
         if self.scale_index and not (self.distractors and self.models and self.method == "dense"):
-            raise EvalConfigError("scale_index: needs distractors and at least one dense-method model")
+            raise ConfigError("scale_index: needs distractors and at least one dense-method model")
         if self.scale_index and self.max_length is not None:
-            raise EvalConfigError("max_length: the indexing pipeline encodes at the model's own max length; "
+            raise ConfigError("max_length: the indexing pipeline encodes at the model's own max length; "
                                   "leave max_length unset with scale_index")
         if self.distractor_max_words < 1:
-            raise EvalConfigError(f"distractor_max_words: must be >= 1, got {self.distractor_max_words}")
+            raise ConfigError(f"distractor_max_words: must be >= 1, got {self.distractor_max_words}")
         return self
 
     def validate_diffretriever(self) -> None:
         if not self.k_query or any(not isinstance(k, int) or k < 1 for k in self.k_query):
-            raise EvalConfigError(f"k_query: integers >= 1, got {self.k_query}")
+            raise ConfigError(f"k_query: integers >= 1, got {self.k_query}")
         if not isinstance(self.k_passage, int) or self.k_passage < 1:
-            raise EvalConfigError(f"k_passage: an integer >= 1, got {self.k_passage!r}")
+            raise ConfigError(f"k_passage: an integer >= 1, got {self.k_passage!r}")
         if not self.modes or any(m not in MODES for m in self.modes):
-            raise EvalConfigError(f"modes: each must be one of {MODES}, got {self.modes}")
+            raise ConfigError(f"modes: each must be one of {MODES}, got {self.modes}")
         if not 0 <= self.dense_weight <= 1:
-            raise EvalConfigError(f"dense_weight: must be in [0, 1], got {self.dense_weight}")
+            raise ConfigError(f"dense_weight: must be in [0, 1], got {self.dense_weight}")
         if self.ann or self.bitext:
-            raise EvalConfigError("ann/bitext: not available with method diffretriever")
+            raise ConfigError("ann/bitext: not available with method diffretriever")
 
 
 def diffretriever_systems(config: EvalConfig) -> list[System]:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from embedlib.config import ConfigError, from_dict
 from embedlib.encoding.quantize import QUANTIZATIONS
 
 INDEX_TYPES = ("flat", "ivf", "hnsw")
 METHODS = ("dense", "diffretriever")
 INPUT_FORMATS = ("auto", "jsonl", "parquet")
-
-
-class ConfigError(ValueError):
-    """An invalid ``IndexJobConfig``; the message names the field."""
 
 
 @dataclass
@@ -63,12 +59,8 @@ class IndexJobConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> IndexJobConfig:
-        """Build from plain data (e.g. parsed YAML); unknown keys are an error naming them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
-        return cls(**values).validate()
+        """Build from plain data (e.g. parsed YAML): unknown, missing or mistyped fields are ``ConfigError``s."""
+        return from_dict(cls, values).validate()
 
     def validate(self) -> IndexJobConfig:
         """Check every field; raises ``ConfigError`` naming the first bad one. Returns self."""
