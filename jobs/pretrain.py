@@ -19,7 +19,7 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
 from embedlib.models.tiny import make_tiny_checkpoint  # noqa: E402
-from embedlib.training.config import TrainConfig, load_config, parse_overrides  # noqa: E402
+from embedlib.training.config import ConfigError, TrainConfig, load_config, parse_overrides  # noqa: E402
 from embedlib.training.data import text_rows, write_rows  # noqa: E402
 from embedlib.training.runner import train  # noqa: E402
 
@@ -41,7 +41,10 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--prepare-tiny", metavar="TEXT_DIR")
     args = parser.parse_args()
-    cfg = load_config(args.config, parse_overrides(args.set))
+    try:
+        cfg = load_config(args.config, parse_overrides(args.set))
+    except ConfigError as err:
+        raise SystemExit(f"{args.config}: {err}") from None
     if cfg.stage != "pretrain":
         raise SystemExit(f"{args.config}: stage must be 'pretrain', got {cfg.stage!r} (use jobs/train.py)")
     if args.prepare_tiny:

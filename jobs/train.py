@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from embedlib.encoding.encoder import Encoder  # noqa: E402
 from embedlib.eval.beir import load_beir  # noqa: E402
-from embedlib.training.config import TrainConfig, load_config, parse_overrides  # noqa: E402
+from embedlib.training.config import ConfigError, TrainConfig, load_config, parse_overrides  # noqa: E402
 from embedlib.training.data import (  # noqa: E402
     beir_contextual_rows,
     beir_pairs,
@@ -70,7 +70,10 @@ def main(stages: tuple[str, ...] = ("pair", "contextual", "triplet", "diffretrie
     overrides = parse_overrides(args.set)
     if args.stage:
         overrides["stage"] = args.stage
-    cfg = load_config(args.config, overrides)
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as err:
+        raise SystemExit(f"{args.config}: {err}") from None
     if cfg.stage not in stages:
         raise SystemExit(f"{args.config}: stage {cfg.stage!r} is not one of {stages}")
     if args.prepare_beir:
