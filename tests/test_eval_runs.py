@@ -15,7 +15,7 @@ from embedlib import storage
 from embedlib.config import ConfigError
 from embedlib.eval.beir import DatasetError, load_beir
 from embedlib.eval.job import EvalConfig, run_evaluation
-from embedlib.eval.run import evaluate_systems, retrieve
+from embedlib.eval.run import corpus_part, evaluate_systems, retrieve
 from embedlib.eval.systems import BM25System, DenseSystem, ModelEmbeddings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,3 +242,21 @@ def test_config_errors_name_the_field(tmp_path):
         EvalConfig.from_dict({"out": "x", "datasett": "y"})
     with pytest.raises(ConfigError, match="k_passage: must be int"):
         EvalConfig.from_dict({"out": "x", "dataset": "y", "bm25": True, "k_passage": "16"})
+
+
+def test_systems_sharing_a_model_do_not_change_each_others_results(cranfield, tiny_models):
+    """The float system normalises its vectors for FAISS; that must not reach the int8 system's codes."""
+    dataset = load_beir(str(cranfield), "test")
+    queries = dataset.judged_queries()
+
+    def int8_run(float_first: bool) -> dict:
+        model = ModelEmbeddings.load("tiny", str(tiny_models["pplx-embed"]), max_length=48, show_progress=False)
+        if float_first:
+            float_system = DenseSystem(model, "float")
+            float_system.build([corpus_part(dataset)])
+            retrieve(float_system, queries, 10, False)
+        int8_system = DenseSystem(model, "int8")
+        int8_system.build([corpus_part(dataset)])
+        return retrieve(int8_system, queries, 20, False)
+
+    assert int8_run(float_first=True) == int8_run(float_first=False)

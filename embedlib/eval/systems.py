@@ -104,8 +104,8 @@ class DenseSystem(System):
         codes = quantized(self.model.float_vectors(texts, desc), self.quantization, self.dim)
         if self.quantization == "binary":
             return np.ascontiguousarray(codes)
-        vectors = np.ascontiguousarray(codes, dtype=np.float32)
-        faiss.normalize_L2(vectors)
+        vectors = np.array(codes, dtype=np.float32)  # a copy: float codes share memory with the cached vectors
+        faiss.normalize_L2(vectors)  # in place
         return vectors
 
     def _new_index(self):
