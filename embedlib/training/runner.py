@@ -229,7 +229,7 @@ def worker_loop(config: dict) -> None:
 
 
 def progress_line(metrics: dict, steps: int) -> str:
-    """``step 12/300 loss 3.2100 lr 1.00e-03 tokens/s 5120 ...`` for the run's log."""
+    """``step 12/300 epoch 0 loss 3.21 lr 1.000e-03 tokens_per_s 5120 ...``: every metric, for the run's log."""
     parts = [f"step {metrics['step']}/{steps}", f"epoch {metrics['epoch']}"]
     for name, value in metrics.items():
         if name not in ("step", "epoch"):
