@@ -3,16 +3,18 @@
     python bench/index_scifact.py                      # whole SciFact corpus (5,183 docs), MiniLM, int8
     python bench/index_scifact.py --docs 1000          # quicker (throughput only is meaningful then)
 
-Prints (1) throughput: docs/s of the Ray Data encode stage (read -> tokenize tasks -> encoder actor pool ->
-parquet parts, actor start-up and model load included) and of the single-process loop, and their ratio;
-(2) quality: nDCG@10 of the published index searched through ``ShardedIndex`` vs the in-memory exact result
-(int8 docs and queries, cosine, top-10 by numpy) over the same corpus.
+Prints and writes to ``bench/results/index_scifact.json``: (1) throughput: docs/s of the encode step (read ->
+check -> encoder actor pool -> staging parts, actor start-up and model load included) and of the
+single-process loop, and their ratio; (2) quality: nDCG@10 of the published index searched through
+``ShardedIndex`` vs the in-memory exact result (int8 docs and queries, cosine, top-10 by numpy); (3) bytes
+per document of the published shards against the vector width.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,8 +22,12 @@ from pathlib import Path
 import numpy as np
 import ray
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from result_file import Result
+
 from embedlib.encoding.encoder import Encoder
-from embedlib.encoding.quantize import cosine_similarity
+from embedlib.encoding.formats import cosine_similarity
 from embedlib.eval.beir import load_beir
 from embedlib.eval.metrics import evaluate_run, run_from_topk
 from embedlib.index import IndexJobConfig, ShardedIndex, build_index
@@ -54,11 +60,12 @@ def main() -> None:
     parser.add_argument("--docs", type=int, help="only the first N documents")
     parser.add_argument("--shard-size", type=int, default=1000)
     args = parser.parse_args()
+    result = Result("index_scifact" if args.docs is None else f"index_scifact_{args.docs}")
 
     dataset = load_beir(args.data)
     ids = dataset.doc_ids()[: args.docs]
     texts = dataset.doc_texts()[: len(ids)]
-    ray.init(ignore_reinit_error=True, log_to_driver=False)
+    ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         corpus = write_corpus(dataset, ids, tmp)
@@ -100,6 +107,19 @@ def main() -> None:
             f"ShardedIndex nDCG@10 {index_ndcg:.4f}, in-memory exact nDCG@10 {exact_ndcg:.4f}, "
             f"difference {abs(index_ndcg - exact_ndcg):.4f}; identical top-10 sets for {same:.4f} of queries"
         )
+        width = index.manifest["dim"]
+        print(f"storage: {summary.bytes_per_doc:.1f} bytes/doc for int8 width {width} "
+              f"(overhead {summary.bytes_per_doc - width:.1f} bytes/doc over the vector)")
+        result.write({
+            "docs": len(ids), "model": Path(args.model).name, "quantization": "int8",
+            "pipeline_encode_docs_per_s": round(pipeline_rate, 2), "single_process_docs_per_s": round(single_rate, 2),
+            "throughput_ratio": round(pipeline_rate / single_rate, 3),
+            "whole_job_docs_per_s": round(summary.docs_per_second, 2), "job_seconds": round(summary.seconds, 1),
+            "index_ndcg@10": round(index_ndcg, 4), "exact_ndcg@10": round(exact_ndcg, 4),
+            "identical_top10_fraction": round(float(same), 4), "queries": len(queries),
+            "shards": len(index.manifest["shards"]), "bytes_per_doc": round(summary.bytes_per_doc, 1),
+            "width": width,
+        })
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from transformers import AutoModel
 
 from embedlib import CheckpointError, Encoder
 from embedlib.encoding.batching import plan_batches
-from embedlib.encoding.quantize import hamming_distance, int8_straight_through, similarity
+from embedlib.encoding.formats import hamming_distance, similarity
+from embedlib.encoding.quantize import int8_straight_through
 from embedlib.eval.beir import load_beir
 from embedlib.models.bidirectional import BidirectionalQwen3Model
 

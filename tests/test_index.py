@@ -18,7 +18,7 @@ import pytest
 
 from embedlib import storage
 from embedlib.data import SAMPLE_DATASET
-from embedlib.encoding.quantize import cosine_similarity
+from embedlib.encoding.formats import cosine_similarity
 from embedlib.index import (
     ConfigError,
     IndexJobConfig,
@@ -28,6 +28,7 @@ from embedlib.index import (
     ShardedIndex,
     build_index,
 )
+from embedlib.index.columns import column_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +116,7 @@ def test_sharded_flat_search_equals_unsharded(ray_cluster, tmp_path, model):
 
     # Exact cosine of the int8 vectors, computed directly: the index returns exactly that ranking.
     table = pa.concat_tables(shard_tables(output))
-    vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype(np.int8)
+    vectors = column_matrix(table.column("vector"), np.int8)
     exact = cosine_similarity(single.encode_queries(queries), vectors)
     expected = np.argsort(-exact, axis=1, kind="stable")[:, :10]
     doc_ids = table.column("id").to_pylist()
@@ -171,13 +172,14 @@ def test_killed_run_resumes_without_reencoding_finished_parts(ray_cluster, tmp_p
         cwd=ROOT,
         env=env,
         start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=open(tmp_path / "job.log", "w"),
+        stderr=subprocess.STDOUT,
     )
     staging = output / "_staging"
     deadline = time.time() + 400
     while time.time() < deadline and job.poll() is None and len(list(staging.rglob("*.parquet"))) < 2:
         time.sleep(0.1)
+    assert job.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
     assert not (output / "manifest.json").exists(), "the job finished before it could be killed"
@@ -224,7 +226,8 @@ def test_bad_rows_are_counted_and_written_to_rejects(ray_cluster, tmp_path, mode
         "text over 4000 chars": 1,
         "invalid json": 1,
     }
-    rejects = [json.loads(line) for line in Path(summary.rejects_url).read_text().splitlines()]
+    rejects = [json.loads(line) for part in Path(summary.rejects_url).glob("*.jsonl")
+               for line in part.read_text().splitlines()]
     assert sorted(r["reason"] for r in rejects) == sorted(
         r for r, n in summary.rejects_by_reason.items() for _ in range(n)
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedlib.encoding.quantize import cosine_similarity
+from embedlib.encoding.encoder import chunk_spans
+from embedlib.encoding.formats import cosine_similarity
 from embedlib.index.config import ConfigError, IndexJobConfig
-from embedlib.index.encode_stage import chunk_spans
 from embedlib.index.faiss_shards import (
     default_params,
     deserialize,

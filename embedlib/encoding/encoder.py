@@ -7,7 +7,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +16,8 @@ from tqdm.auto import tqdm
 
 from embedlib import storage
 from embedlib.encoding.batching import pad_batch, plan_batches
-from embedlib.encoding.quantize import (
-    QUANTIZATIONS,
-    Quantization,
-    mean_pool,
-    output_dtype,
-    output_width,
-    quantize,
-    truncate,
-)
+from embedlib.encoding.formats import QUANTIZATIONS, Quantization, output_dtype, output_width
+from embedlib.encoding.quantize import mean_pool, quantize, truncate
 from embedlib.models.loading import Backbone, load_backbone, state_dict_hash
 
 log = logging.getLogger(__name__)
@@ -41,6 +34,7 @@ class EncodeStats:
     tokens: int = 0
     truncated: int = 0
     batches: int = 0
+    lengths: list[int] = field(default_factory=list)  # tokens of each text after truncation, input order
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:
@@ -54,10 +48,31 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     return texts
 
 
-
 def embedded_text(title: str | None, text: str) -> str:
     """The text a document is embedded as (BEIR's and sentence-transformers' ``title + " " + text``)."""
     return f"{title} {text}".strip() if title else text
+
+
+@dataclass
+class Chunk:
+    """One late-chunking span of a text: its vector and character span in the text."""
+
+    vector: np.ndarray
+    start: int
+    end: int
+
+
+def chunk_spans(offsets: np.ndarray, chunk_tokens: int) -> list[tuple[np.ndarray, int, int]]:
+    """Token positions and character span of each chunk of ``chunk_tokens`` content tokens."""
+    content = np.flatnonzero(offsets[:, 1] > offsets[:, 0])
+    if content.size == 0:
+        return [(np.arange(len(offsets)), 0, 0)]
+    spans = []
+    for first in range(0, content.size, chunk_tokens):
+        positions = content[first : first + chunk_tokens]
+        spans.append((positions, int(offsets[positions, 0].min()), int(offsets[positions, 1].max())))
+    return spans
+
 
 class Encoder:
     """A bidirectional encoder with mean pooling and INT8/binary quantization (pplx-embed §4.3)."""
@@ -146,12 +161,13 @@ class Encoder:
         self, texts: Sequence[str], batch_size: int, max_tokens_per_batch: int, show_progress: bool, what: str
     ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
         ids, truncated = self.tokenize(texts)
-        self.last_stats = EncodeStats(texts=len(ids), tokens=sum(map(len, ids)), truncated=truncated)
+        lengths = [len(x) for x in ids]
+        self.last_stats = EncodeStats(texts=len(ids), tokens=sum(lengths), truncated=truncated, lengths=lengths)
         self.truncated_total += truncated
         if truncated:
             log.warning("%d of %d texts were longer than max_length=%d tokens and were truncated",
                         truncated, len(ids), self.max_length)
-        plan = plan_batches([len(x) for x in ids], max_tokens_per_batch, batch_size)
+        plan = plan_batches(lengths, max_tokens_per_batch, batch_size)
         self.last_stats.batches = len(plan)
         pad_id = self.tokenizer.pad_token_id
         with tqdm(total=len(ids), desc=what, unit="text", disable=not show_progress) as bar:
@@ -207,6 +223,38 @@ class Encoder:
             for row, index in enumerate(batch):
                 out[index] = states[row, : lengths[row]].copy()
         return out  # type: ignore[return-value]
+
+    def token_offsets(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Character ``(start, end)`` of every token (special tokens ``(0, 0)``), truncated like ``tokenize``."""
+        encoded = self.tokenizer(
+            check_texts(texts),
+            truncation=True,
+            max_length=self.max_length,
+            return_offsets_mapping=True,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        return [np.asarray(o, dtype=np.int32).reshape(-1, 2) for o in encoded["offset_mapping"]]
+
+    def encode_chunks(
+        self,
+        texts: Sequence[str],
+        chunk_tokens: int,
+        quantization: Quantization = "int8",
+        dim: int | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_tokens_per_batch: int = DEFAULT_MAX_TOKENS_PER_BATCH,
+    ) -> list[list[Chunk]]:
+        """Late chunking: each text is encoded once and every span of ``chunk_tokens`` content tokens is
+        mean-pooled from the whole text's token states, then truncated and quantized like ``encode``."""
+        states = self.encode_tokens(texts, batch_size, max_tokens_per_batch)
+        out = []
+        for text_states, offsets in zip(states, self.token_offsets(texts), strict=True):
+            spans = chunk_spans(offsets, chunk_tokens)
+            pooled = torch.stack([torch.from_numpy(text_states[positions].mean(axis=0)) for positions, _, _ in spans])
+            codes = quantize(truncate(pooled, dim), quantization)
+            out.append([Chunk(code, start, end) for code, (_, start, end) in zip(codes, spans, strict=True)])
+        return out
 
     # --- saving -----------------------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 from embedlib import storage
 from embedlib.encoding.encoder import Encoder
-from embedlib.encoding.quantize import Quantization, quantize, truncate
+from embedlib.encoding.formats import Quantization
+from embedlib.encoding.quantize import quantize, truncate
 
 log = logging.getLogger(__name__)
 

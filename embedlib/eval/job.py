@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from embedlib.config import ConfigError, from_dict
-from embedlib.encoding.quantize import QUANTIZATIONS
+from embedlib.encoding.formats import QUANTIZATIONS
 from embedlib.encoding.representative_tokens import DEFAULT_K_PASSAGE, DEFAULT_K_QUERY, DiffRetrieverEncoder
 from embedlib.eval.beir import load_beir
 from embedlib.eval.bitext import load_tatoeba, tatoeba_languages

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from embedlib.encoding.encoder import Encoder
-from embedlib.encoding.quantize import Quantization, output_dtype, output_width
+from embedlib.encoding.formats import Quantization, output_dtype, output_width
 from embedlib.eval.embeddings import encode_float, quantized
 from embedlib.search.bm25 import BM25Index
 
@@ -198,8 +198,9 @@ class ShardedIndexSystem(System):
 
         self.url = url
         self.index = ShardedIndex.open(url, model=model)
-        manifest = self.index.manifest
-        stored = "diffretriever" if self.index.method == "diffretriever" else manifest["quantization"]
+        from embedlib.index.methods import manifest_method
+
+        stored = manifest_method(self.index.manifest).label(self.index.manifest)
         self.name = name or f"index:{url.rstrip('/').rsplit('/', 1)[-1]}/{stored}"
 
     def describe(self) -> dict:
@@ -207,7 +208,7 @@ class ShardedIndexSystem(System):
         return {"kind": self.kind, "url": self.url, "method": self.index.method,
                 "quantization": manifest["quantization"],
                 "dim": manifest["dim"], "model": manifest["model"].get("source"),
-                "index_type": manifest.get("index_type"), "version": manifest.get("version")}
+                "index_type": manifest["index"]["type"], "version": manifest.get("version")}
 
     def build(self, parts: Sequence[Part]) -> None:
         """Nothing to build: the published index is searched as it is."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedlib.config import ConfigError, from_dict
-from embedlib.encoding.quantize import QUANTIZATIONS
+from embedlib.encoding.formats import QUANTIZATIONS
 
 INDEX_TYPES = ("flat", "ivf", "hnsw")
 METHODS = ("dense", "diffretriever")

@@ -14,7 +14,7 @@ import math
 import faiss
 import numpy as np
 
-from embedlib.encoding.quantize import cosine_similarity, similarity
+from embedlib.encoding.formats import cosine_similarity, similarity
 
 SCAN_ROWS = 65_536  # rows per block of the exhaustive int8 scan
 
@@ -122,6 +122,17 @@ def shard_index(template: bytes, vectors: np.ndarray, quantization: str, params:
     if len(vectors):
         index.add(faiss_vectors(vectors, quantization, params))
     return serialize(index)
+
+
+def flat_index(vectors: np.ndarray, quantization: str):
+    """The flat index of a shard, made at load time from its stored vectors (None for int8: it is scanned)."""
+    if quantization == "int8":
+        return None
+    width = vectors.shape[1] * (8 if quantization == "binary" else 1)
+    index = empty_index(quantization, "flat", width, {})
+    if len(vectors):
+        index.add(faiss_vectors(vectors, quantization, {}))
+    return index
 
 
 def set_search_params(index, params: dict) -> None:

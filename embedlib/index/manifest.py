@@ -4,8 +4,11 @@ Layout under an index URL::
 
     manifest.json              the current version's manifest (written last, atomically)
     v000002/manifest.json      every published version keeps its own copy (older versions stay readable)
-    v000002/shard-00000.parquet, shard-00000.faiss, rejects.jsonl
-    _staging/<encoding key>/   encoded parts of runs not yet published (resume and carry-over source)
+    v000002/shard-00000.parquet, shard-00000.faiss (IVF/HNSW only), rejects/part-*.jsonl
+    _staging/<encoding key>-<input snapshot>/parts/   rows of runs not yet published (what a rerun resumes from)
+
+Format 2 (``embedlib-index/2``, the streaming build) adds ``doc_id``-keyed carry-over and writes no FAISS file for
+flat shards; format 1 indexes stay readable (a build over one re-embeds, since its rows were not keyed that way).
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ import json
 import re
 from urllib.parse import urlsplit, urlunsplit
 
+import pyarrow.compute as pc
+
 from embedlib import storage
 
 MANIFEST = "manifest.json"
-FORMAT = "embedlib-index/1"
+FORMAT = "embedlib-index/2"
+READABLE_FORMATS = ("embedlib-index/1", FORMAT)
 VERSION_DIR = re.compile(r"^v(\d{6})$")
+SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class ManifestError(ValueError):
@@ -65,14 +72,42 @@ def read_manifest(url: str) -> dict:
         raise ManifestError(f"{manifest_url}: no index manifest (nothing published at {url})") from err
     except (OSError, json.JSONDecodeError) as err:
         raise ManifestError(f"{manifest_url}: unreadable manifest ({err})") from err
-    if manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in READABLE_FORMATS:
         raise ManifestError(
-            f"{manifest_url}: not an embedlib index manifest (format {manifest.get('format')!r})"
+            f"{manifest_url}: not an embedlib index manifest (format "
+            f"{manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__!r})"
         )
+    check_shard_names(manifest, manifest_url)
     root = manifest_url.rsplit("/", 1)[0]
     name = root.rsplit("/", 1)[-1]
     manifest["base"] = root if VERSION_DIR.match(name) else storage.join(root, manifest["path"])
     return manifest
+
+
+def check_shard_names(manifest: dict, manifest_url: str) -> None:
+    """Shard names must be plain file names: a manifest never points outside its version folder."""
+    for entry in manifest.get("shards") or []:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not SHARD_NAME.match(name):
+            raise ManifestError(f"{manifest_url}: shard name {name!r} is not a plain file name")
+
+
+def streamable(manifest: dict) -> bool:
+    """Whether a build can carry this version's vectors over (format 2 shards are keyed by doc id)."""
+    return manifest.get("format") == FORMAT
+
+
+def write_shard_files(base: str, name: str, table, files: dict[str, bytes]) -> dict:
+    """Write ``<name>.<suffix>`` for each of a shard's files; returns its manifest entry (with checksums)."""
+    for suffix, data in files.items():
+        storage.write_bytes_atomic(storage.join(base, f"{name}.{suffix}"), data)
+    return {
+        "name": name,
+        "rows": table.num_rows,
+        "docs": pc.count_distinct(table.column("doc_id" if "doc_id" in table.column_names else "id")).as_py(),
+        "bytes": sum(len(data) for data in files.values()),
+        **{f"{suffix.split('.')[0]}_sha256": hashlib.sha256(data).hexdigest() for suffix, data in files.items()},
+    }
 
 
 def published_manifest(url: str) -> dict | None:

@@ -9,7 +9,7 @@ import hashlib
 import json
 
 import numpy as np
-import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
@@ -43,7 +43,8 @@ def input_format(cfg: IndexJobConfig, files: list[str]) -> str:
 
 
 def list_input_files(url: str, fmt: str = "auto") -> list[str]:
-    """The data files at ``url`` (one file, or every jsonl/parquet file under a folder), sorted."""
+    """The data files at ``url``, sorted: one file; a BEIR dataset folder's ``corpus.*`` alone (never its
+    queries); or every jsonl/parquet file under a folder."""
     try:
         fs, path = storage.filesystem(url)
         if fs.isfile(path):
@@ -54,6 +55,9 @@ def list_input_files(url: str, fmt: str = "auto") -> list[str]:
             fmt, JSONL_SUFFIXES + PARQUET_SUFFIXES
         )
         files = sorted(f for f in fs.find(path) if f.endswith(suffixes))
+        corpus = [f for f in files if f.rsplit("/", 1)[-1].split(".", 1)[0] == "corpus"
+                  and f.rsplit("/", 1)[0] == path.rstrip("/")]
+        files = corpus or files
     except InputError:
         raise
     except Exception as err:  # noqa: BLE001 - any filesystem failure is reported with the URL
@@ -61,6 +65,24 @@ def list_input_files(url: str, fmt: str = "auto") -> list[str]:
     if not files:
         raise InputError(f"{url}: no {fmt if fmt != 'auto' else 'jsonl or parquet'} files found")
     return files
+
+
+def check_text_column(cfg: IndexJobConfig, files: list[str], fmt: str) -> None:
+    """Fail before any encoding when the first file has no ``text_column`` (naming the columns it has)."""
+    fs, _ = storage.filesystem(cfg.input)
+    if fmt == "parquet":
+        with fs.open(files[0], "rb") as f:
+            columns = pq.ParquetFile(f).schema_arrow.names
+    else:
+        with fs.open(files[0], "rb") as f:
+            first = next((line for line in f if line.strip()), b"")
+        row = try_json(first.decode("utf-8", errors="replace").lstrip("\ufeff")) or {}
+        if not row:
+            return  # an unreadable first line is that row's reject, not the whole input's
+        columns = list(row)
+    if cfg.text_column not in columns:
+        raise InputError(f"{cfg.input}: no column {cfg.text_column!r} in {files[0].rsplit('/', 1)[-1]} (columns: "
+                         f"{', '.join(map(str, columns[:20]))}); name the text column with --text-column")
 
 
 def ray_filesystem(url: str):
@@ -73,11 +95,15 @@ def ray_filesystem(url: str):
 
 def check_row(raw_id, title, text, max_chars: int) -> tuple[str, str, str, str]:
     """``(id, title, text, reason)`` for one row; ``reason`` is empty when the row is valid."""
-    if isinstance(raw_id, (int, np.integer)) and not isinstance(raw_id, bool):
+    if isinstance(raw_id, (int, np.integer)) and not isinstance(raw_id, (bool, np.bool_)):
         raw_id = str(raw_id)
-    doc_id = raw_id if isinstance(raw_id, str) else ""
+    if raw_id is not None and not isinstance(raw_id, str):
+        return "", "", "", f"id is {type(raw_id).__name__}, not a string or integer"
+    doc_id = raw_id or ""
     if not doc_id:
         return "", "", "", "missing id"
+    if not is_encodable(doc_id):
+        return "", "", "", "id is not valid unicode (lone surrogate)"
     if text is None:
         return doc_id, "", "", "null text"
     if isinstance(text, bytes):
@@ -90,7 +116,18 @@ def check_row(raw_id, title, text, max_chars: int) -> tuple[str, str, str, str]:
     if len(text) > max_chars:
         return doc_id, "", "", f"text over {max_chars} chars"
     title = title if isinstance(title, str) else ""
+    if not (is_encodable(text) and is_encodable(title)):
+        return doc_id, "", "", "text is not valid unicode (lone surrogate)"
     return doc_id, title, text, ""
+
+
+def is_encodable(value: str) -> bool:
+    """False for strings UTF-8 cannot hold (lone surrogates, which JSON's ``\\ud800`` escapes can make)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def rows_table(records: list[tuple], max_chars: int) -> dict[str, np.ndarray]:
@@ -114,17 +151,22 @@ def rows_table(records: list[tuple], max_chars: int) -> dict[str, np.ndarray]:
 def parse_jsonl_files(
     batch: dict[str, np.ndarray], id_column: str, text_column: str, title_column: str | None, max_chars: int
 ) -> dict[str, np.ndarray]:
-    """One jsonl file's bytes -> checked rows (one per non-blank line)."""
+    """One jsonl file's bytes -> checked rows (one per non-blank line; a UTF-8 BOM at the start is skipped)."""
     records = []
     for data, path in zip(batch["bytes"], batch["path"], strict=True):
-        for number, line in enumerate(bytes(data).split(b"\n"), start=1):
+        data = bytes(data)
+        if data.startswith(b"\xef\xbb\xbf"):
+            data = data[3:]
+        for number, line in enumerate(data.split(b"\n"), start=1):
             if not line.strip():
                 continue
             try:
                 decoded = line.decode("utf-8")
             except UnicodeDecodeError:
-                row = try_json(line.decode("utf-8", errors="replace"))
-                records.append((row.get(id_column), None, None, path, number, "undecodable bytes"))
+                row = try_json(line.decode("utf-8", errors="replace")) or {}
+                raw_id = row.get(id_column)
+                records.append((raw_id if isinstance(raw_id, str) else None, None, None, path, number,
+                                "undecodable bytes"))
                 continue
             row = try_json(decoded)
             if row is None:
@@ -143,21 +185,32 @@ def try_json(line: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def check_parquet_batch(
-    batch: pa.Table, id_column: str, text_column: str, title_column: str | None, max_chars: int
-) -> dict[str, np.ndarray]:
-    """A parquet batch -> checked rows (a missing text column rejects every row as null text)."""
-    n = batch.num_rows
-    ids = batch.column(id_column).to_pylist() if id_column in batch.column_names else [None] * n
-    texts = batch.column(text_column).to_pylist() if text_column in batch.column_names else [None] * n
-    titles = (
-        batch.column(title_column).to_pylist()
-        if title_column and title_column in batch.column_names
-        else [None] * n
-    )
-    paths = batch.column("path").to_pylist() if "path" in batch.column_names else [""] * n
-    records = [(i, ti, te, p, -1, None) for i, ti, te, p in zip(ids, titles, texts, paths, strict=True)]
-    return rows_table(records, max_chars)
+def parse_parquet_files(
+    batch: dict[str, np.ndarray],
+    id_column: str,
+    text_column: str,
+    title_column: str | None,
+    max_chars: int,
+    batch_rows: int,
+    filesystem_url: str,
+):
+    """Parquet files -> checked rows, streamed a record batch at a time (``line``: the row number, from 1)."""
+    fs, _ = storage.filesystem(filesystem_url)
+    for path in batch["path"]:
+        with fs.open(path, "rb") as f:
+            parquet = pq.ParquetFile(f)
+            names = parquet.schema_arrow.names
+            wanted = [c for c in (id_column, text_column, title_column) if c and c in names]
+            first = 1
+            for part in parquet.iter_batches(batch_size=batch_rows, columns=wanted):
+                n = part.num_rows
+                ids = part.column(id_column).to_pylist() if id_column in names else [None] * n
+                texts = part.column(text_column).to_pylist() if text_column in names else [None] * n
+                titles = part.column(title_column).to_pylist() if title_column in wanted else [None] * n
+                records = [(i, ti, te, path, first + row, None)
+                           for row, (i, ti, te) in enumerate(zip(ids, titles, texts, strict=True))]
+                first += n
+                yield rows_table(records, max_chars)
 
 
 def input_snapshot(url: str, files: list[str]) -> dict:
@@ -181,21 +234,24 @@ def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
     kwargs = dict(text_column=cfg.text_column, title_column=cfg.title_column, max_chars=cfg.max_text_chars)
     try:
         if fmt == "jsonl":
-            ds = ray.data.read_binary_files(files, include_paths=True, filesystem=filesystem)
+            ds = ray.data.read_binary_files(files, include_paths=True, filesystem=filesystem,
+                                            ray_remote_args={"num_cpus": 0.25})
             ds = ds.map_batches(
                 parse_jsonl_files,
                 batch_size=1,
                 batch_format="numpy",
-                num_cpus=0.5,
+                num_cpus=0.25,
                 fn_kwargs=dict(id_column=cfg.id_column or "_id", **kwargs),
             )
         else:
-            ds = ray.data.read_parquet(files, include_paths=True, filesystem=filesystem)
+            ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
             ds = ds.map_batches(
-                check_parquet_batch,
-                batch_format="pyarrow",
-                num_cpus=0.5,
-                fn_kwargs=dict(id_column=cfg.id_column or "id", **kwargs),
+                parse_parquet_files,
+                batch_size=1,
+                batch_format="numpy",
+                num_cpus=0.25,
+                fn_kwargs=dict(id_column=cfg.id_column or "id", batch_rows=cfg.batch_rows,
+                               filesystem_url=cfg.input, **kwargs),
             )
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
         raise InputError(f"{cfg.input}: cannot read input ({type(err).__name__}: {err})") from err

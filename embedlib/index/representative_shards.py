@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from embedlib import storage
 from embedlib.encoding.representative_tokens import RepresentativeTokens
-from embedlib.index.encode_stage import column_matrix, sparse_matrix
+from embedlib.index.columns import column_matrix, sparse_matrix
 from embedlib.search.hybrid import Candidates, DiffRetrieverIndex
 from embedlib.search.multivector import MultiVectorIndex
 from embedlib.search.sparse import SparseIndex

@@ -4,9 +4,9 @@
 for binary), best first, and the matching id lists. When an index holds fewer than ``k`` rows the missing
 places are score ``-inf`` and id ``None``.
 
-A DiffRetriever index (``manifest["method"] == "diffretriever"``) is searched the same way; its scores are
-MaxSim (``mode="dense"``), sparse dot products (``"sparse"``) or the hybrid of both (``"hybrid"``, the
-default), normalised over the candidates of all shards together.
+How shards are loaded and queries answered is the index method's (``embedlib.index.methods``): a DiffRetriever
+index is searched the same way, its scores MaxSim (``mode="dense"``), sparse dot products (``"sparse"``) or
+the hybrid of both (``"hybrid"``, the default), normalised over the candidates of all shards together.
 """
 
 from __future__ import annotations
@@ -15,19 +15,22 @@ import hashlib
 import io
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
 import ray
 
 from embedlib import storage
-from embedlib.encoding.encoder import Encoder
-from embedlib.encoding.quantize import output_dtype, output_width
-from embedlib.encoding.representative_tokens import RepresentativeTokens
-from embedlib.index.encode_stage import column_matrix
-from embedlib.index.faiss_shards import deserialize, search_shard, top_k_candidates
+from embedlib.encoding.formats import output_dtype, output_width
+from embedlib.index.columns import column_matrix
+from embedlib.index.faiss_shards import deserialize, flat_index, search_shard, top_k_candidates
 from embedlib.index.manifest import ManifestError, read_manifest
-from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES, Candidates, fuse_candidates
+from embedlib.index.methods import manifest_method
+from embedlib.search.hybrid import Candidates, fuse_candidates
+
+if TYPE_CHECKING:
+    from embedlib.encoding.encoder import Encoder
 
 RAY_THRESHOLD_ROWS = 5_000_000  # above this many rows, shards are served by Ray actors
 
@@ -67,9 +70,12 @@ class Shard:
             if ids
             else np.zeros((0, width), output_dtype(quantization))
         )
-        index = deserialize(
-            read_checked(storage.join(base, f"{entry['name']}.faiss"), entry["faiss_sha256"]), quantization
-        )
+        if "faiss_sha256" in entry:
+            index = deserialize(
+                read_checked(storage.join(base, f"{entry['name']}.faiss"), entry["faiss_sha256"]), quantization
+            )
+        else:  # flat shards store no FAISS file: the index is made from the stored vectors
+            index = flat_index(vectors, quantization)
         return cls(ids, vectors, index, quantization, manifest["index"]["type"], manifest["index"]["params"])
 
     def search(
@@ -81,17 +87,9 @@ class Shard:
         return scores, [[self.ids[p] if p >= 0 else None for p in row] for row in positions]
 
 
-def is_diffretriever(manifest: dict) -> bool:
-    return manifest.get("method", "dense") == "diffretriever"
-
-
 def load_shard(base: str, entry: dict, manifest: dict):
-    """A ``Shard`` or, for a DiffRetriever index, a ``RepresentativeShard``."""
-    if is_diffretriever(manifest):
-        from embedlib.index.representative_shards import RepresentativeShard
-
-        return RepresentativeShard.load(base, entry, manifest)
-    return Shard.load(base, entry, manifest)
+    """One shard of ``manifest`` in memory, as its index method loads it."""
+    return manifest_method(manifest).load_shard(base, entry, manifest)
 
 
 @ray.remote(num_cpus=0.25)
@@ -141,17 +139,13 @@ class ShardedIndex:
 
     @property
     def method(self) -> str:
-        return self.manifest.get("method", "dense")
+        return manifest_method(self.manifest).name
 
     def load_encoder(self, path_or_url: str):
         """The query encoder for this index's method, loaded from ``path_or_url``."""
-        if is_diffretriever(self.manifest):
-            from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
+        return manifest_method(self.manifest).query_encoder(path_or_url, self.manifest)
 
-            return DiffRetrieverEncoder.from_pretrained(path_or_url, top_terms=self.manifest["top_terms"])
-        return Encoder.from_pretrained(path_or_url)
-
-    def _call(self, method: str, *args) -> list:
+    def call_shards(self, method: str, *args) -> list:
         """``method(*args)`` on every shard, in shard order."""
         if self.remote:
             return ray.get([shard.call.remote(method, *args) for shard in self.shards])
@@ -230,44 +224,23 @@ class ShardedIndex:
         k: int,
         nprobe: int | None = None,
         ef_search: int | None = None,
+        **options,
     ) -> tuple[np.ndarray, list[list[str | None]]]:
-        """Top-``k`` ``(scores, ids)`` per query, best first (texts are encoded with the manifest's model)."""
+        """Top-``k`` ``(scores, ids)`` per query, best first (texts are encoded with the manifest's model).
+
+        ``nprobe``/``ef_search`` tune IVF/HNSW dense indexes; a DiffRetriever index takes ``mode``, ``k_query``,
+        ``dense_weight`` and ``candidates`` instead (an option the index's method does not use is an error).
+        """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if is_diffretriever(self.manifest):
-            return self.search_representative(queries, k)
-        if isinstance(queries, np.ndarray):
-            vectors = self.check_vectors(queries)
-        else:
-            vectors = self.encode_queries(queries)
-        overrides = {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value}
-        return merge_results(self._call("search", vectors, k, overrides), len(vectors), k)
+        options |= {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value}
+        return manifest_method(self.manifest).search(self, queries, k, **options)
 
-    def search_representative(
-        self,
-        queries,
-        k: int,
-        mode: str = "hybrid",
-        k_query: int | None = None,
-        dense_weight: float = DEFAULT_DENSE_WEIGHT,
-        candidates: int | None = None,
-    ) -> tuple[np.ndarray, list[list[str | None]]]:
-        """DiffRetriever search: texts (encoded with ``k_query`` mask tokens, the manifest's by default) or
-        ``RepresentativeTokens``; ``mode`` dense, sparse or hybrid."""
-        if not is_diffretriever(self.manifest):
+    def search_representative(self, queries, k: int, **options) -> tuple[np.ndarray, list[list[str | None]]]:
+        """DiffRetriever search (texts or ``RepresentativeTokens``; ``mode`` dense, sparse or hybrid)."""
+        if not manifest_method(self.manifest).multi_vector:
             raise IndexMismatchError(f"index {self.manifest['base']} is a {self.method} index, not diffretriever")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if isinstance(queries, RepresentativeTokens):
-            tokens = queries
-        else:
-            tokens = self.encoder.encode(list(queries), k=k_query or self.manifest["k_query"], kind="query")
-        if mode != "hybrid":
-            return merge_results(self._call("search", tokens, k, mode), len(tokens), k)
-        per_shard = self._call(
-            "hybrid_candidates", tokens, candidates or self.manifest["index"]["params"]["candidates"]
-        )
-        return fuse_shard_candidates(per_shard, len(tokens), k, dense_weight)
+        return self.search(queries, k, **options)
 
 
 def fuse_shard_candidates(

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from embedlib import storage
-from embedlib.encoding.quantize import similarity
+from embedlib.encoding.formats import similarity
 from embedlib.eval.beir import BeirDataset
 from embedlib.search.bm25 import BM25Index
 

@@ -1,0 +1,90 @@
+"""The one writer of bench result files: ``bench/results/<name>.json`` with what is needed to reproduce them.
+
+Every result carries the command line, the git commit (and whether the tree had uncommitted changes), the
+machine (CPU model, cores, memory, GPU if any), the library versions, the wall time and the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+LIBRARIES = ("torch", "transformers", "ray", "faiss-cpu", "faiss-gpu-cu12", "pyarrow", "polars", "deepspeed")
+
+
+def git_commit() -> dict:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "embedlib"))}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no GPU stack at all
+        return None
+
+
+def machine() -> dict:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "memory_bytes": memory, "gpu": gpu_name(),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def versions() -> dict:
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+class Result:
+    """Start the clock at creation; ``write(figures)`` saves the result file and returns its path."""
+
+    def __init__(self, name: str, argv: list[str] | None = None):
+        self.name = name
+        self.argv = argv if argv is not None else sys.argv
+        self.started = time.perf_counter()
+        self.started_at = datetime.now(UTC).isoformat()
+
+    def write(self, figures: dict, folder: Path = RESULTS) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        document = {
+            "name": self.name,
+            "command": " ".join(["python", *self.argv]),
+            **git_commit(),
+            "machine": machine(),
+            "versions": versions(),
+            "started_at": self.started_at,
+            "wall_seconds": round(time.perf_counter() - self.started, 1),
+            "figures": figures,
+        }
+        path = folder / f"{self.name}.json"
+        path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+        print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        return path
