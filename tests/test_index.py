@@ -108,6 +108,7 @@ def test_sharded_flat_search_equals_unsharded(ray_cluster, tmp_path, model):
     assert (resharded.embedded, resharded.carried_over) == (0, 240)
     sharded, single = ShardedIndex.open(tmp_path / "index" / "v000001"), ShardedIndex.open(output)
     assert len(sharded.manifest["shards"]) == 5 and len(single.manifest["shards"]) == 1
+    assert not list((tmp_path / "index").rglob("*.faiss"))  # flat int8 shards are scanned: no FAISS file
     queries = [q["text"] for q in map(json.loads, open(SAMPLE_DATASET / "queries.jsonl"))][:20]
     s_scores, s_ids = sharded.search(queries, k=10)
     u_scores, u_ids = single.search(queries, k=10)
@@ -253,13 +254,16 @@ def test_empty_or_missing_input_fails_naming_the_url(ray_cluster, tmp_path, mode
         build_index(config(str(empty), str(tmp_path / "c"), model, quantization="int4"))
 
 
-@pytest.mark.parametrize("quantization", ["int8", "binary", "float"])
-def test_parquet_input_every_index_type(ray_cluster, tmp_path, tiny_models, quantization):
+# Two index types per quantization, the second built from the first's carried-over vectors (int8 flat is what
+# every other test builds).
+@pytest.mark.parametrize(("quantization", "index_types"),
+                         [("int8", ["ivf", "hnsw"]), ("binary", ["flat", "hnsw"]), ("float", ["flat", "ivf"])])
+def test_parquet_input_index_types(ray_cluster, tmp_path, tiny_models, quantization, index_types):
     rows = cranfield_rows(160)
     table = pa.table({"doc": [r["_id"] for r in rows], "body": [r["text"] for r in rows]})
     pq.write_table(table, tmp_path / "corpus.parquet")
     output = str(tmp_path / "index")
-    for number, index_type in enumerate(["ivf", "hnsw", "flat"], start=1):
+    for number, index_type in enumerate(index_types, start=1):
         summary = build_index(
             config(
                 str(tmp_path / "corpus.parquet"),

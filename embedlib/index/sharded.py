@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from embedlib.encoding.encoder import Encoder
 
 RAY_THRESHOLD_ROWS = 5_000_000  # above this many rows, shards are served by Ray actors
+# A served shard mostly holds memory and answers bursts: it reserves little CPU, so that builds on the same
+# nodes can still schedule Ray Data's shuffle tasks (which ask for a whole CPU each).
+SHARD_ACTOR_CPUS = 0.1
 
 
 class IndexMismatchError(ValueError):
@@ -92,7 +95,7 @@ def load_shard(base: str, entry: dict, manifest: dict):
     return manifest_method(manifest).load_shard(base, entry, manifest)
 
 
-@ray.remote(num_cpus=0.25)
+@ray.remote(num_cpus=SHARD_ACTOR_CPUS)
 class ShardActor:
     """A shard served by a Ray actor (for indexes too large for one process)."""
 
