@@ -6,8 +6,9 @@
 A synthetic corpus of short documents is written as parquet parts to a bucket; each size is indexed by a fresh
 driver process (``build_index`` connected to one local Ray cluster) with a tiny real-format model, so the model
 is not the cost. Per size it reports the driver's peak RSS, the object store's peak use and spilled bytes
-(sampled from Ray's memory summary every second) and wall time per document. The incremental check edits 1%,
-deletes 0.5% and adds 0.5% of the ``--incremental`` corpus, rebuilds, and reads every shard back.
+(sampled every second from Ray's memory summary by the bench's own process, not the driver) and wall time
+per document. The incremental check edits 1%, deletes 0.5% and adds 0.5% of the ``--incremental`` corpus,
+rebuilds, and reads every shard back.
 """
 
 from __future__ import annotations
@@ -97,15 +98,11 @@ def build_once(args: argparse.Namespace) -> None:
     from embedlib.index import IndexJobConfig, build_index
 
     ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-    sampler = MemorySampler()
-    sampler.start()
     started = time.perf_counter()
     summary = build_index(IndexJobConfig(input=args.input, output=args.output, model=args.model,
                                          shard_size=args.shard_size, batch_rows=args.batch_rows,
                                          show_progress=False))
     seconds = time.perf_counter() - started
-    sampler.stop.set()
-    sampler.join()
     print("RESULT " + json.dumps({
         "docs_in": summary.docs_in, "embedded": summary.embedded, "carried_over": summary.carried_over,
         "rejected": summary.rejected, "shards": summary.shards, "version": summary.version,
@@ -113,18 +110,24 @@ def build_once(args: argparse.Namespace) -> None:
         "encode_seconds": round(summary.encode_seconds, 1),
         "us_per_doc": round(1e6 * seconds / max(summary.docs_in, 1), 1),
         "driver_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "object_store_peak_bytes": int(sampler.peak_store), "spilled_bytes": int(sampler.spilled),
     }), flush=True)
 
 
 def run_build(input_url: str, output: str, model: str, args: argparse.Namespace, env: dict) -> dict:
+    """One build in a fresh driver process; the object store is sampled from this process meanwhile, so the
+    driver's peak RSS is the build's alone."""
     command = [sys.executable, __file__, "--child", "--input", input_url, "--output", output, "--model", model,
                "--shard-size", str(args.shard_size), "--batch-rows", str(args.batch_rows)]
+    sampler = MemorySampler()
+    sampler.start()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
+    sampler.stop.set()
+    sampler.join()
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         raise SystemExit(f"build failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT "):]) | {"object_store_peak_bytes": int(sampler.peak_store),
+                                                     "spilled_bytes": int(sampler.spilled)}
 
 
 def read_back_ids(output: str) -> list[str]:
@@ -212,7 +215,12 @@ def main() -> None:
              _temp_dir=str(work / "ray"))
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
 
-    points = []
+    points: list[dict] = []
+    settings = {
+        "model": "tiny random BERT (real format, embedlib.models.tiny)", "endpoint": "moto server (S3 over HTTP)",
+        "object_store_memory_bytes": args.object_store_mb * 2**20, "shard_size": args.shard_size,
+        "batch_rows": args.batch_rows,
+    }
     for size in [int(s) for s in args.sizes.split(",") if s]:
         ids, texts = corpus(size)
         input_url = f"s3://{BUCKET}/corpus-{size}"
@@ -221,16 +229,15 @@ def main() -> None:
         figures = run_build(input_url, f"s3://{BUCKET}/index-{size}", model, args, env)
         points.append({"documents": size, **figures})
         print(json.dumps(points[-1]), flush=True)
+        result.write(settings | {"points": points, "complete": False})  # a long run keeps what it measured
 
     built = next((f"s3://{BUCKET}/index-{p['documents']}" for p in points if p["documents"] == args.incremental), None)
     check = incremental(args.incremental, model, args, env, built) if args.incremental else None
     if check:
         print(json.dumps(check), flush=True)
     first, last = points[0], points[-1]
-    figures = {
-        "model": "tiny random BERT (real format, embedlib.models.tiny)", "endpoint": "moto server (S3 over HTTP)",
-        "object_store_memory_bytes": args.object_store_mb * 2**20, "shard_size": args.shard_size,
-        "batch_rows": args.batch_rows, "points": points, "incremental": check,
+    figures = settings | {
+        "points": points, "incremental": check, "complete": True,
         "driver_rss_ratio_last_vs_first": round(last["driver_peak_rss_bytes"] / first["driver_peak_rss_bytes"], 3),
         "time_per_doc_ratio_last_vs_first": round(last["us_per_doc"] / first["us_per_doc"], 3),
     }
