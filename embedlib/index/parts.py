@@ -21,7 +21,6 @@ from embedlib.index.manifest import redact_url
 from embedlib.index.methods import parquet_bytes
 
 META_COLUMNS = ["doc_id", "content_hash", "reason", "source", "line"]
-SPAN_COLUMNS = ["chunk", "start", "end", "tokens"]
 SPAN_TYPES = {"chunk": pa.int32(), "start": pa.int32(), "end": pa.int32(), "tokens": pa.int32()}
 
 
@@ -37,13 +36,15 @@ class EncodeSettings:
 
 
 def part_schema(types: dict[str, pa.DataType]) -> pa.Schema:
-    fields = [pa.field(name, pa.string()) for name in ("doc_id", "content_hash", "reason", "source")]
+    """Metadata, spans, the method's stored columns, then ``encoded`` and ``attempt``."""
+    fields = [pa.field(name, pa.string()) for name in META_COLUMNS[:-1]]
     fields += [pa.field("line", pa.int64()), *(pa.field(n, t) for n, t in SPAN_TYPES.items())]
     fields += [pa.field(name, t) for name, t in types.items()]
     return pa.schema([*fields, pa.field("encoded", pa.bool_()), pa.field("attempt", pa.string())])
 
 
 def rows_meta(batch: pa.Table, take: np.ndarray) -> dict[str, pa.Array]:
+    """The metadata columns of the input rows at ``take`` (the input's ``id`` becomes ``doc_id``)."""
     picked = batch.take(pa.array(take, pa.int64()))
     return {
         "doc_id": picked.column("id").cast(pa.string()),
