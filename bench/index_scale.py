@@ -91,6 +91,15 @@ class MemorySampler(threading.Thread):
             self.stop.wait(1.0)
 
 
+def peak_rss_bytes() -> int:
+    """This process's own peak RSS since it started (``VmHWM``). Not ``ru_maxrss``: Linux carries that over
+    from the parent across fork and exec, so a child of this bench would report the bench's corpus too."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def build_once(args: argparse.Namespace) -> None:
     """Child process: one build; prints its figures as one JSON line."""
     import ray
@@ -109,7 +118,7 @@ def build_once(args: argparse.Namespace) -> None:
         "bytes_per_doc": round(summary.bytes_per_doc, 1), "seconds": round(seconds, 1),
         "encode_seconds": round(summary.encode_seconds, 1),
         "us_per_doc": round(1e6 * seconds / max(summary.docs_in, 1), 1),
-        "driver_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "driver_peak_rss_bytes": peak_rss_bytes(),
     }), flush=True)
 
 

@@ -71,13 +71,14 @@ class Result:
         self.argv = argv if argv is not None else sys.argv
         self.started = time.perf_counter()
         self.started_at = datetime.now(UTC).isoformat()
+        self.git = git_commit()  # the code that ran: taken at the start, not when the result is written
 
     def write(self, figures: dict, folder: Path = RESULTS) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         document = {
             "name": self.name,
             "command": " ".join(["python", *self.argv]),
-            **git_commit(),
+            **self.git,
             "machine": machine(),
             "versions": versions(),
             "started_at": self.started_at,
