@@ -27,7 +27,7 @@ from embedlib.index import manifest as manifests
 from embedlib.index.assemble import assemble, training_sample
 from embedlib.index.config import IndexJobConfig, IndexSummary
 from embedlib.index.encode_stage import encode_to_parts
-from embedlib.index.parts import EncodeSettings, part_counts, total_counts
+from embedlib.index.parts import EncodeSettings, part_counts
 from embedlib.index.plan import (
     BuildPlan,
     input_files,
@@ -74,17 +74,23 @@ def encode(run: BuildPlan) -> tuple[Counter, float]:
                          right_on=("doc_id", "content_hash"))
     settings = EncodeSettings(run.method.name, run.model, run.cfg,
                               run.method.vector_type(run.cfg, run.identity), run.attempt)
-    counts: Counter = Counter()
-    for row in encode_to_parts(rows, settings, run.parts, run.staged_rejects).iter_rows():  # one per batch
-        counts.update(json.loads(row["counts"]))
+    counts = sum_counts(encode_to_parts(rows, settings, run.parts, run.staged_rejects))
     return counts, time.perf_counter() - started
+
+
+def sum_counts(dataset: ray.data.Dataset) -> Counter:
+    """The sum of a dataset's ``counts`` column (one JSON counter per batch), added up as it streams by."""
+    counts: Counter = Counter()
+    for row in dataset.iter_rows():
+        counts.update(json.loads(row["counts"]))
+    return counts
 
 
 def tally_parts(run: BuildPlan) -> Counter:
     """Counts over every staging part of this input (this run's and a killed run's alike)."""
     parts = read_parquet(run.parts, ["reason", "chunk", "encoded"])
-    return total_counts(parts.map_batches(lambda b: {"counts": [json.dumps(part_counts(b))]},
-                                          batch_format="pyarrow", batch_size=None))
+    return sum_counts(parts.map_batches(lambda b: {"counts": [json.dumps(part_counts(b))]},
+                                        batch_format="pyarrow", batch_size=None))
 
 
 def move_rejects(run: BuildPlan) -> None:

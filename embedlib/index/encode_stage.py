@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 import ray
 import torch
 
+from embedlib.encoding.encoder import embedded_text
 from embedlib.index.config import IndexJobConfig
-from embedlib.index.methods import index_method, texts_of
+from embedlib.index.methods import index_method
 from embedlib.index.parts import SPAN_TYPES, EncodeSettings, part_rows, part_schema, rows_meta, write_part
 
 
@@ -74,7 +75,8 @@ class EncodeActor:
         todo = np.flatnonzero(valid & ~has_vector)
         if todo.size:
             picked = batch.take(pa.array(todo, pa.int64()))
-            texts = texts_of(picked.column("title").to_pylist(), picked.column("text").to_pylist())
+            titles, bodies = picked.column("title").to_pylist(), picked.column("text").to_pylist()
+            texts = [embedded_text(title or "", text) for title, text in zip(titles, bodies, strict=True)]
             docs = self.method.encode(self.encoder, texts, self.settings.cfg, self.settings.types)
             spans = {"chunk": docs.chunk, "start": docs.start, "end": docs.end, "tokens": docs.tokens}
             parts.append(part_rows(self.schema, rows_meta(batch, todo[docs.owner]), spans, docs.columns, True, attempt))

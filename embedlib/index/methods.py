@@ -9,7 +9,6 @@ per document) are the two implementations; nothing else branches on the method's
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -310,9 +309,3 @@ def index_method(name: str) -> IndexMethod:
 def manifest_method(manifest: dict) -> IndexMethod:
     return index_method(manifest.get("method", "dense"))
 
-
-def texts_of(titles: Sequence[str | None], bodies: Sequence[str]) -> list[str]:
-    """The embedded texts (title and text) of a batch of documents."""
-    from embedlib.encoding.encoder import embedded_text
-
-    return [embedded_text(title or "", text) for title, text in zip(titles, bodies, strict=True)]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from ray.data.aggregate import AggregateFnV2
 
 from embedlib import storage
 from embedlib.index.config import IndexJobConfig
@@ -102,23 +101,3 @@ def part_counts(batch: pa.Table) -> dict[str, int]:
     counts.update(rows=int(valid.sum()), docs=int((valid & first).sum()), encoded=int((valid & first & encoded).sum()))
     return dict(counts)
 
-
-class SumCounts(AggregateFnV2):
-    """Adds up the JSON counters of a ``counts`` column in Ray's tasks: the driver receives one total."""
-
-    def __init__(self):
-        super().__init__(name="counts", zero_factory=dict, on="counts", ignore_nulls=True)
-
-    def aggregate_block(self, block: pa.Table) -> dict:
-        total: Counter = Counter()
-        for item in block.column("counts").to_pylist():
-            total.update(json.loads(item))
-        return dict(total)
-
-    def combine(self, current: dict, new: dict) -> dict:
-        return dict(Counter(current) + Counter(new))
-
-
-def total_counts(dataset) -> Counter:
-    """The sum of a dataset's ``counts`` column (JSON counters), aggregated by Ray, not in the driver."""
-    return Counter(dataset.aggregate(SumCounts())["counts"] or {})
