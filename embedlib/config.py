@@ -6,10 +6,14 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal, get_args, get_origin
 
+from embedlib.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """An invalid configuration; the message names the offending field."""
 
 
@@ -79,3 +83,37 @@ def from_dict(cls: type, values: Any, prefix: str = "") -> Any:
         return cls(**kwargs)
     except ConfigError as err:
         raise ConfigError(f"{prefix + '.' if prefix else ''}{err}") from err
+
+
+@contextmanager
+def naming_file(path_or_url: str) -> Iterator[None]:
+    """A ``ConfigError`` raised inside is re-raised with the config file's (redacted) name in front."""
+    from embedlib import storage
+
+    try:
+        yield
+    except ConfigError as err:
+        raise ConfigError(f"{storage.redact_url(path_or_url)}: {err}") from None
+
+
+def read_yaml(path_or_url: str) -> dict[str, Any]:
+    """A YAML config file (local path or any fsspec URL) as a mapping; a missing, unreadable or non-mapping
+    file is a ``ConfigError`` naming it. An empty file is ``{}``."""
+    import yaml
+
+    from embedlib import storage
+
+    where = storage.redact_url(path_or_url)
+    try:
+        values = yaml.safe_load(storage.read_bytes(path_or_url))
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where}: is a folder, not a YAML config file") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(err).split())})") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: must hold a mapping of config fields, got {type(values).__name__}")
+    return values

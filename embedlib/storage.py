@@ -15,6 +15,46 @@ from pathlib import Path
 import fsspec
 from fsspec.core import url_to_fs
 
+# Query parameters that carry credentials: presigned S3 (SigV4 and V2), GCS, Azure SAS, generic tokens.
+SECRET_QUERY_KEYS = frozenset({
+    "x-amz-signature", "x-amz-credential", "x-amz-security-token", "signature", "awsaccesskeyid",
+    "x-goog-signature", "x-goog-credential", "sig", "se", "sp", "sv", "token", "access_token", "key", "password",
+})
+
+
+def redact_url(url: str | os.PathLike) -> str:
+    """``url`` with no credentials: no ``user:password@`` part and no signature or token query parameters.
+
+    Never raises, and keeps everything else as written (a bucket's case included): it is what goes into every
+    message, log line and manifest that names a location.
+    """
+    url = str(url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    if "@" in authority:
+        authority = authority.rsplit("@", 1)[1]
+    path, question, query = tail.partition("?")
+    if question:
+        kept = [item for item in query.split("&") if item.split("=", 1)[0].lower() not in SECRET_QUERY_KEYS]
+        query = "&".join(kept)
+        question = "?" if kept else ""
+    return f"{scheme}{sep}{authority}{slash}{path}{question}{query}"
+
+
+def redact_text(text: str, url: str | os.PathLike) -> str:
+    """``text`` (an error message from a storage library, say) with ``url`` in it replaced by its redacted
+    form, and the URL's user and password removed wherever else they appear."""
+    url = str(url)
+    text = text.replace(url, redact_url(url))
+    authority = url.partition("://")[2].partition("/")[0]
+    if "@" in authority:
+        for secret in authority.rsplit("@", 1)[0].split(":"):
+            if secret:
+                text = text.replace(secret, "***")
+    return text
+
 
 def is_local(url: str | os.PathLike) -> bool:
     """True for plain paths and file:// URLs."""
@@ -28,8 +68,14 @@ def strip_file_scheme(url: str | os.PathLike) -> str:
 
 
 def filesystem(url: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem for ``url`` and the path inside it."""
-    return url_to_fs(str(url))
+    """The fsspec filesystem for ``url`` and the path inside it.
+
+    Object-store listings are never cached: Ray workers and the driver are long-lived, and a cached listing
+    of a folder other processes write to (staging parts, versions) would hide their files.
+    """
+    if is_local(url):
+        return url_to_fs(str(url))
+    return url_to_fs(str(url), use_listings_cache=False)
 
 
 def join(url: str | os.PathLike, *parts: str) -> str:

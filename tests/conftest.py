@@ -115,3 +115,24 @@ def write_beir_subset(source: Path, target: Path, n_queries: int, n_extra_docs: 
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q, docs in qrels.items() for d, r in docs.items()]
     (target / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
     return target
+
+
+def shard_tables(url: str | Path) -> list:
+    """Every shard of the index published at ``url``, read back from storage as Arrow tables."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from embedlib import storage
+    from embedlib.index import ShardedIndex
+
+    manifest = ShardedIndex.open(url).manifest
+    return [
+        pq.read_table(io.BytesIO(storage.read_bytes(storage.join(manifest["base"], f"{s['name']}.parquet"))))
+        for s in manifest["shards"]
+    ]
+
+
+def all_ids(url: str | Path) -> list[str]:
+    """Every id in the index at ``url``, one per stored row."""
+    return [i for t in shard_tables(url) for i in t.column("id").to_pylist()]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -15,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import all_ids, shard_tables
 
 from embedlib import storage
 from embedlib.data import SAMPLE_DATASET
@@ -24,7 +24,6 @@ from embedlib.index import (
     IndexJobConfig,
     IndexMismatchError,
     InputError,
-    RejectedRowsError,
     ShardedIndex,
     build_index,
 )
@@ -57,18 +56,6 @@ def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJo
         show_progress=False,
     )
     return IndexJobConfig(**(values | overrides))
-
-
-def shard_tables(url: str) -> list[pa.Table]:
-    manifest = ShardedIndex.open(url).manifest
-    return [
-        pq.read_table(io.BytesIO(storage.read_bytes(storage.join(manifest["base"], f"{s['name']}.parquet"))))
-        for s in manifest["shards"]
-    ]
-
-
-def all_ids(url: str) -> list[str]:
-    return [i for t in shard_tables(url) for i in t.column("id").to_pylist()]
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +126,18 @@ def test_incremental_run_reencodes_only_changed_docs(ray_cluster, tmp_path, mode
     second_rows = changed + rows[5:190] + added  # rows[190:] deleted
     second = build_index(config(write_jsonl(tmp_path / "v2.jsonl", second_rows), output, model))
     assert (second.version, second.embedded, second.carried_over) == (2, 12, 185)
+    assert second.truncated <= second.embedded  # counted over this run's encoded texts only
     assert sorted(all_ids(output)) == sorted(r["_id"] for r in second_rows)
 
     old = ShardedIndex.open(tmp_path / "index" / "v000001")
     assert old.manifest["version"] == 1 and len(old) == 200  # older version still readable
     assert ShardedIndex.open(output).manifest["version"] == 2
 
-    again = build_index(config(write_jsonl(tmp_path / "v2.jsonl", second_rows), output, model))
-    assert (again.embedded, again.carried_over) == (0, 197)
+    # A nightly rerun over the same files, model and settings publishes nothing (retention is not used up).
+    again = build_index(config(str(tmp_path / "v2.jsonl"), output, model, actors=1, batch_rows=64))
+    assert (again.published, again.version, again.embedded, again.carried_over) == (False, 2, 0, 197)
+    assert "unchanged, version 2 already indexes this input" in str(again)
+    assert sorted(p.name for p in (tmp_path / "index").glob("v0*")) == ["v000001", "v000002"]
 
 
 def test_killed_run_resumes_without_reencoding_finished_parts(ray_cluster, tmp_path, model):
@@ -200,46 +191,6 @@ def write_yaml(folder: Path, **values) -> Path:
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(values))
     return path
-
-
-def test_bad_rows_are_counted_and_written_to_rejects(ray_cluster, tmp_path, model):
-    good = cranfield_rows(20)
-    lines = [json.dumps(r).encode() for r in good]
-    lines += [
-        json.dumps({"title": "no id", "text": "orphan"}).encode(),
-        json.dumps({"_id": good[0]["_id"], "text": "same id again"}).encode(),
-        json.dumps({"_id": "null-text", "text": None}).encode(),
-        json.dumps({"_id": "int-text", "text": 12345}).encode(),
-        b'{"_id": "bad-bytes", "text": "caf\xe9 \xff"}',
-        json.dumps({"_id": "too-long", "text": "x" * 5000}).encode(),
-        b"{not json",
-    ]
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_bytes(b"\n".join(lines) + b"\n")
-    summary = build_index(config(str(corpus), str(tmp_path / "index"), model, max_text_chars=4000))
-    assert summary.docs_in == 27 and summary.rejected == 8 and summary.embedded == 19
-    assert summary.rejects_by_reason == {
-        "missing id": 1,
-        "duplicate id": 2,
-        "null text": 1,
-        "non-string text": 1,
-        "undecodable bytes": 1,
-        "text over 4000 chars": 1,
-        "invalid json": 1,
-    }
-    rejects = [json.loads(line) for part in Path(summary.rejects_url).glob("*.jsonl")
-               for line in part.read_text().splitlines()]
-    assert sorted(r["reason"] for r in rejects) == sorted(
-        r for r, n in summary.rejects_by_reason.items() for _ in range(n)
-    )
-    assert {r["id"] for r in rejects if r["reason"] == "duplicate id"} == {good[0]["_id"]}
-    assert all(r["line"] for r in rejects)
-    assert "8 rejected" in str(summary)
-    assert sorted(all_ids(str(tmp_path / "index"))) == sorted(r["_id"] for r in good[1:])
-
-    with pytest.raises(RejectedRowsError, match="8 rows rejected"):
-        build_index(config(str(corpus), str(tmp_path / "strict"), model, max_text_chars=4000, strict=True))
-    assert not (tmp_path / "strict" / "manifest.json").exists()
 
 
 def test_empty_or_missing_input_fails_naming_the_url(ray_cluster, tmp_path, model):

@@ -16,9 +16,10 @@ from embedlib.index.faiss_shards import (
     trained_template,
     unit_scale,
 )
-from embedlib.index.manifest import encoding_key, redact_url
+from embedlib.index.manifest import encoding_key
 from embedlib.index.reading import check_row
 from embedlib.index.sharded import merge_results
+from embedlib.storage import redact_url
 
 
 @pytest.mark.parametrize(

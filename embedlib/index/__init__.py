@@ -9,7 +9,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from embedlib.index.build import RejectedRowsError, build_index
+    from embedlib.index.build import RejectedRowsError, ShrinkError, StorageLostDataError, build_index
     from embedlib.index.config import ConfigError, IndexJobConfig, IndexSummary
     from embedlib.index.manifest import ManifestError
     from embedlib.index.reading import InputError
@@ -23,6 +23,8 @@ _EXPORTS = {
     "InputError": "embedlib.index.reading",
     "ManifestError": "embedlib.index.manifest",
     "RejectedRowsError": "embedlib.index.build",
+    "ShrinkError": "embedlib.index.build",
+    "StorageLostDataError": "embedlib.index.build",
     "ShardedIndex": "embedlib.index.sharded",
     "build_index": "embedlib.index.build",
 }
@@ -35,6 +37,8 @@ __all__ = [
     "ManifestError",
     "RejectedRowsError",
     "ShardedIndex",
+    "ShrinkError",
+    "StorageLostDataError",
     "build_index",
 ]
 

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 import ray
 
 from embedlib import storage
+from embedlib.errors import UserError
 from embedlib.index import manifest as manifests
 from embedlib.index.assemble import assemble, training_sample
 from embedlib.index.config import IndexJobConfig, IndexSummary
@@ -30,7 +31,8 @@ from embedlib.index.encode_stage import encode_to_parts
 from embedlib.index.parts import EncodeSettings, part_counts
 from embedlib.index.plan import (
     BuildPlan,
-    input_files,
+    check_locations,
+    parquet_parts_exist,
     plan,
     previous_vectors,
     read_parquet,
@@ -39,10 +41,19 @@ from embedlib.index.plan import (
 from embedlib.index.reading import InputError, read_rows
 
 SHUFFLE_ACTOR_CPUS = 0.05
+MIN_KEPT_FRACTION = 0.5  # a new version with fewer of the current version's documents needs ``allow_shrink``
 
 
-class RejectedRowsError(ValueError):
+class RejectedRowsError(UserError, ValueError):
     """``strict`` run with rejected rows; the message gives the counts and where the rejects were written."""
+
+
+class ShrinkError(UserError, ValueError):
+    """A new version would drop most of the published one (a wrong input, column or filter, most likely)."""
+
+
+class StorageLostDataError(RuntimeError):
+    """Rows the encode step wrote to staging were not there when the shards were assembled."""
 
 
 def ensure_ray() -> None:
@@ -119,7 +130,8 @@ def check_rejects(run: BuildPlan, rejected: dict[str, int]) -> None:
     """``strict``: any reject fails the run, naming where the rejects were written."""
     if run.cfg.strict and rejected:
         raise RejectedRowsError(
-            f"{run.cfg.input}: {sum(rejected.values())} rows rejected ({rejected}); see {run.rejects}"
+            f"{storage.redact_url(run.cfg.input)}: {sum(rejected.values())} rows rejected ({rejected}); "
+            f"see {storage.redact_url(run.rejects)}"
         )
 
 
@@ -129,13 +141,14 @@ def version_manifest(run: BuildPlan, params: dict) -> dict:
         "format": manifests.FORMAT,
         "version": run.version,
         "path": manifests.version_name(run.version),
-        "model": {"source": manifests.redact_url(run.model), "weights_hash": run.identity["weights_hash"],
+        "model": {"source": storage.redact_url(run.model), "weights_hash": run.identity["weights_hash"],
                   "max_length": run.identity["max_length"]},
         "encoding_key": run.key,
         "method": run.method.name,
         "dim": run.dim,
         "chunk_tokens": run.cfg.chunk_tokens,
-        "input": run.snapshot | {"url": manifests.redact_url(run.cfg.input)},
+        "input": run.snapshot | {"url": storage.redact_url(run.cfg.input)},
+        "build_fingerprint": run.fingerprint,
         **run.method.manifest_fields(run.cfg, run.identity, params),
     }
 
@@ -147,32 +160,60 @@ def publish(run: BuildPlan, manifest: dict) -> None:
     fs, staging = storage.filesystem(run.staging)
     if fs.exists(staging):
         fs.rm(staging, recursive=True)
-    manifests.prune_versions(run.out, run.version, run.cfg.keep_versions)
+    manifests.prune_versions(run.out, run.cfg.keep_versions, run.cfg.keep_recent_hours * 3600)
 
 
 def check_documents(run: BuildPlan, docs: int, rejected: dict[str, int]) -> None:
     """A run without one valid document publishes nothing (it would replace the index with an empty one)."""
     if docs == 0:
-        raise InputError(f"{run.cfg.input}: no valid documents ({sum(rejected.values())} rows rejected: "
-                         f"{rejected}, see {run.rejects}); nothing published")
+        raise InputError(f"{storage.redact_url(run.cfg.input)}: no valid documents ({sum(rejected.values())} rows "
+                         f"rejected: {rejected}, see {storage.redact_url(run.rejects)}); nothing published")
+
+
+def check_nothing_lost(run: BuildPlan, totals: Counter, shard_counts: Counter) -> None:
+    """Every valid document the encode step wrote is in a shard or rejected as a duplicate id; else storage
+    lost staging parts in between (an object store restarted empty, a lifecycle rule, a manual delete)."""
+    assembled = shard_counts["docs"] + shard_counts["rejected:duplicate id"]
+    if assembled != totals["docs"]:
+        raise StorageLostDataError(
+            f"{storage.redact_url(run.parts)}: the encode step wrote {totals['docs']} valid documents there, but "
+            f"{assembled} were found when writing shards; storage lost staging parts, nothing was published. "
+            "Rerun the job: finished parts are kept and only the missing rows are encoded again")
+
+
+def check_shrink(run: BuildPlan, docs: int) -> None:
+    """Refuse a version that keeps fewer than ``MIN_KEPT_FRACTION`` of the published version's documents,
+    unless ``allow_shrink``: a wrong input or column must not silently replace a whole index."""
+    published = run.published
+    current = (published or {}).get("counts", {}).get("docs", 0)
+    if published and not run.cfg.allow_shrink and docs < MIN_KEPT_FRACTION * current:
+        raise ShrinkError(
+            f"{storage.redact_url(run.out)}: the new version would hold {docs} documents, the published version "
+            f"{published['version']} holds {current}; nothing published. If that is intended, rerun with "
+            "--allow-shrink (allow_shrink: true)")
 
 
 def assemble_version(run: BuildPlan, totals: Counter) -> tuple[dict, Counter]:
     """Index parameters (from a sample), then the shards; returns the version's manifest and the counts."""
+    if totals["docs"] and not parquet_parts_exist(run.parts):
+        check_nothing_lost(run, totals, Counter())
     rejected = reject_counts(totals)
     if rejected:
         move_rejects(run)
+    check_rejects(run, rejected)  # strict: fail before the shards are written (duplicates are checked below)
     if totals["docs"] == 0:
-        check_rejects(run, rejected)
         check_documents(run, 0, rejected)
+    check_shrink(run, totals["docs"])  # before the shards are written; again after, when duplicates are known
     sample = training_sample(run, totals["rows"])
     params = run.method.index_params(run.cfg, sample, totals["rows"], run.dim)
     template = run.method.template(run.cfg, params, run.dim, sample)
     manifest = version_manifest(run, params)
     shards, shard_counts = assemble(run, manifest, totals["docs"], template, run.cfg.show_progress)
+    check_nothing_lost(run, totals, shard_counts)
     rejected = reject_counts(totals + shard_counts)
     check_rejects(run, rejected)
     check_documents(run, shard_counts["docs"], rejected)
+    check_shrink(run, shard_counts["docs"])
     counts = {
         "docs_in": totals["docs"] + sum(reject_counts(totals).values()),
         "docs": shard_counts["docs"],
@@ -190,10 +231,12 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
     """Run the whole indexing job for ``config`` and publish a new index version; returns its summary."""
     cfg = config.validate()
     started = time.perf_counter()
-    files = input_files(cfg)
+    files = check_locations(cfg)
     ensure_ray()
     configure_ray_data(cfg)
     run = plan(cfg, files)
+    if run.unchanged:
+        return unchanged_summary(run, time.perf_counter() - started)
     totals, encode_seconds = encode(run)
     if run.resumed:  # the counts must include the parts a killed run wrote
         totals = tally_parts(run)
@@ -201,7 +244,7 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
     publish(run, manifest)
     counts = manifest["counts"]
     return IndexSummary(
-        url=manifests.redact_url(run.out),
+        url=storage.redact_url(run.out),
         version=run.version,
         docs_in=counts["docs_in"],
         embedded=counts["embedded"],
@@ -215,4 +258,16 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         seconds=time.perf_counter() - started,
         encode_seconds=encode_seconds,
         truncated=shard_counts["truncated"],
+    )
+
+
+def unchanged_summary(run: BuildPlan, seconds: float) -> IndexSummary:
+    """The summary of a run that publishes nothing: the published version already is this input's index."""
+    counts = run.published["counts"]
+    return IndexSummary(
+        url=storage.redact_url(run.out), version=run.published["version"], docs_in=counts["docs_in"],
+        embedded=0, carried_over=counts["docs"], rejected=counts["rejected"],
+        rejects_by_reason=counts["rejects_by_reason"], rejects_url=None, shards=len(run.published["shards"]),
+        rows=counts["rows"], bytes_per_doc=sum(s["bytes"] for s in run.published["shards"]) / max(1, counts["docs"]),
+        seconds=seconds, encode_seconds=0.0, published=False,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from embedlib.config import ConfigError, from_dict
@@ -11,6 +11,11 @@ from embedlib.encoding.formats import QUANTIZATIONS
 INDEX_TYPES = ("flat", "ivf", "hnsw")
 METHODS = ("dense", "diffretriever")
 INPUT_FORMATS = ("auto", "jsonl", "parquet")
+# How a run is carried out, not what it publishes (locations are recorded by the input snapshot and the
+# model's weights hash instead): a rerun that differs only in these is the same index.
+RUN_ONLY_FIELDS = ("input", "output", "model", "strict", "actors", "cpus_per_actor", "gpus_per_actor",
+                   "torch_threads", "device", "dtype", "batch_rows", "max_tokens_per_batch", "keep_versions",
+                   "keep_recent_hours", "allow_shrink", "show_progress")
 
 
 @dataclass
@@ -54,13 +59,19 @@ class IndexJobConfig:
     pq_m: int | None = None
     train_sample: int = 200_000
     rerank_factor: int = 4  # IVF/HNSW: candidates per shard = k * rerank_factor, re-scored exactly
-    keep_versions: int = 3
+    keep_versions: int = 3  # published versions kept (the current one included); unpublished ones never count
+    keep_recent_hours: float = 24.0  # a version published less than this long ago is never deleted
+    allow_shrink: bool = False  # publish a version with under half the current version's documents
     show_progress: bool = True
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> IndexJobConfig:
         """Build from plain data (e.g. parsed YAML): unknown, missing or mistyped fields are ``ConfigError``s."""
         return from_dict(cls, values).validate()
+
+    def index_settings(self) -> dict[str, Any]:
+        """The fields that shape the published index (everything but ``RUN_ONLY_FIELDS``)."""
+        return {name: value for name, value in asdict(self).items() if name not in RUN_ONLY_FIELDS}
 
     def validate(self) -> IndexJobConfig:
         """Check every field; raises ``ConfigError`` naming the first bad one. Returns self."""
@@ -108,6 +119,8 @@ class IndexJobConfig:
             for name in ("dim", "chunk_tokens"):
                 if getattr(self, name) is not None:
                     raise ConfigError(f"{name}: not supported with method diffretriever")
+        if not isinstance(self.keep_recent_hours, int | float) or self.keep_recent_hours < 0:
+            raise ConfigError(f"keep_recent_hours: must be a number >= 0, got {self.keep_recent_hours!r}")
         if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
             raise ConfigError("cpus_per_actor/gpus_per_actor: must be >= 0")
         if not self.text_column:
@@ -133,12 +146,16 @@ class IndexSummary:
     seconds: float
     encode_seconds: float
     truncated: int = 0
+    published: bool = True  # False: the published version already indexes this input in this way
 
     @property
     def docs_per_second(self) -> float:
         return (self.docs_in - self.rejected) / self.seconds if self.seconds else 0.0
 
     def __str__(self) -> str:
+        if not self.published:
+            return (f"index {self.url}: unchanged, version {self.version} already indexes this input (same files, "
+                    f"model and settings); nothing published ({self.seconds:.1f} s)")
         reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.rejects_by_reason.items())) or "none"
         return (
             f"index {self.url} version {self.version}: {self.docs_in} docs in, {self.embedded} embedded, "

@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from urllib.parse import urlsplit, urlunsplit
+import time
+from datetime import datetime
 
 import pyarrow.compute as pc
 
@@ -31,14 +32,6 @@ SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 class ManifestError(ValueError):
     """A missing or unreadable manifest; the message names the URL."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` without any user/password part (credentials never go into manifests or logs)."""
-    parts = urlsplit(str(url))
-    if parts.username is None and parts.password is None:
-        return str(url)
-    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
 
 
 def version_name(version: int) -> str:
@@ -137,13 +130,37 @@ def publish(url: str, manifest: dict) -> None:
     storage.write_bytes_atomic(storage.join(url, MANIFEST), data)
 
 
-def prune_versions(url: str, current: int, keep: int) -> list[int]:
-    """Delete published versions older than the ``keep`` newest and unpublished leftovers; returns them."""
+def prune_versions(url: str, keep: int, grace_seconds: float) -> list[int]:
+    """Delete old versions; returns their numbers.
+
+    Only published versions count: the ``keep`` newest of them stay, and so does any version published less
+    than ``grace_seconds`` ago (a reader may still hold it). Folders of runs that never published and are
+    older than the newest published version are leftovers of killed runs and go.
+    """
     fs, _ = storage.filesystem(url)
+    folders = version_folders(url)
+    published = {v: path for v, path in folders.items() if fs.exists(f"{path.rstrip('/')}/{MANIFEST}")}
+    if not published:
+        return []
+    newest = max(published)
+    kept = set(sorted(published)[-keep:])
+    now = time.time()
     removed = []
-    for version, path in sorted(version_folders(url).items()):
-        published = fs.exists(f"{path.rstrip('/')}/{MANIFEST}")
-        if version < current and (version <= current - keep or not published):
+    for version, path in sorted(folders.items()):
+        if version in published:
+            expired = version not in kept and now - published_at(f"{path.rstrip('/')}/{MANIFEST}", fs) > grace_seconds
+        else:
+            expired = version < newest
+        if expired:
             fs.rm(path, recursive=True)
             removed.append(version)
     return removed
+
+
+def published_at(manifest_path: str, fs) -> float:
+    """When a version was published (its manifest's ``created_at``), as a Unix time; 0 when unknown."""
+    try:
+        created = json.loads(fs.cat_file(manifest_path)).get("created_at")
+        return datetime.fromisoformat(created).timestamp()
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0.0

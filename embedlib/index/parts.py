@@ -16,7 +16,6 @@ import pyarrow.compute as pc
 
 from embedlib import storage
 from embedlib.index.config import IndexJobConfig
-from embedlib.index.manifest import redact_url
 from embedlib.index.methods import parquet_bytes
 
 META_COLUMNS = ["doc_id", "content_hash", "reason", "source", "line"]
@@ -84,7 +83,7 @@ def write_part(batch: pa.Table, folder: str, rejects_folder: str, prefix: str) -
 def rejects_jsonl(rows: pa.Table) -> bytes:
     """Rejected rows as jsonl: ``id, reason, source, line`` (URLs without credentials)."""
     lines = [
-        json.dumps({"id": r["doc_id"] or None, "reason": r["reason"], "source": redact_url(r["source"]),
+        json.dumps({"id": r["doc_id"] or None, "reason": r["reason"], "source": storage.redact_url(r["source"]),
                     "line": r["line"] if r["line"] and r["line"] > 0 else None})
         for r in rows.select(["doc_id", "reason", "source", "line"]).to_pylist()
     ]

@@ -5,6 +5,7 @@ Torch-free (the model is identified in a Ray task): ``BuildPlan`` travels to the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import uuid
@@ -14,11 +15,13 @@ import pyarrow as pa
 import ray
 
 from embedlib import storage
+from embedlib.config import ConfigError
 from embedlib.index import manifest as manifests
 from embedlib.index.columns import hash_hex
 from embedlib.index.config import IndexJobConfig
 from embedlib.index.methods import IndexMethod, index_method
 from embedlib.index.reading import (
+    READ_CPUS,
     check_text_column,
     input_format,
     input_snapshot,
@@ -28,7 +31,6 @@ from embedlib.index.reading import (
 
 SHUFFLE_BYTES_PER_PARTITION = 256 * 2**20
 MAX_PARTITIONS = 256
-READ_CPUS = 0.25  # reads wait on storage; a whole CPU each would starve the encoder actors on small nodes
 
 
 @ray.remote(num_cpus=0.25)
@@ -65,12 +67,19 @@ class BuildPlan:
     dim: int
     version: int
     base: str
+    published: dict | None  # the current published manifest
     previous: dict | None  # the published manifest whose vectors can be carried over (same encoding key)
     files: list[str]
     snapshot: dict
+    fingerprint: str  # what the published index would be: input snapshot, encoding key, index settings
     staging: str  # this input snapshot's staging folder: parts of this run and of killed runs before it
     attempt: str
     resumed: bool  # a killed run over the same input left finished parts there
+
+    @property
+    def unchanged(self) -> bool:
+        """The published version was built from this same input snapshot, encoding and index settings."""
+        return bool(self.published) and self.published.get("build_fingerprint") == self.fingerprint
 
     @property
     def parts(self) -> str:
@@ -85,19 +94,62 @@ class BuildPlan:
         return storage.join(self.base, "rejects")
 
 
+def check_locations(cfg: IndexJobConfig) -> list[str]:
+    """Input, model and output checked before Ray is used, so that a wrong location fails in seconds with
+    one line; returns the input's data files."""
+    files = input_files(cfg)
+    check_model(model_location(cfg))
+    check_output(cfg.output)
+    return files
+
+
 def input_files(cfg: IndexJobConfig) -> list[str]:
-    """The input's data files, checked for the text column: a bad input fails here, before Ray is used."""
+    """The input's data files, checked for the text column."""
     files = list_input_files(cfg.input, cfg.input_format)
     check_text_column(cfg, files, input_format(cfg, files))
     return files
 
 
-def plan(cfg: IndexJobConfig, files: list[str]) -> BuildPlan:
-    """Identify the model and the input, and choose the version number and the staging folder."""
+def model_location(cfg: IndexJobConfig) -> str:
     from embedlib.models.loading import default_model_path
 
+    return cfg.model or str(default_model_path())
+
+
+def check_model(model: str) -> None:
+    """``model`` must be a checkpoint folder (one with a ``config.json``); the model itself loads in workers."""
+    try:
+        fs, path = storage.filesystem(model)
+        found = fs.isdir(path) and fs.isfile(f"{path.rstrip('/')}/config.json")
+    except Exception as err:  # noqa: BLE001 - any storage failure is reported with the URL
+        raise ConfigError(f"model: cannot read {storage.redact_url(model)} ({type(err).__name__}: {err})") from err
+    if not found:
+        raise ConfigError(f"model: {storage.redact_url(model)} is not a checkpoint folder (no config.json there)")
+
+
+def check_output(url: str) -> None:
+    """The output must be a folder (or prefix) in an existing bucket that this process can write to."""
+    where = storage.redact_url(url)
+    try:
+        fs, path = storage.filesystem(url)
+        if fs.isfile(path):
+            raise ConfigError(f"output: {where} is a file; give a folder or URL prefix for the index")
+        if not storage.is_local(url) and not fs.exists(path.split("/", 1)[0]):
+            raise ConfigError(f"output: the bucket of {where} does not exist; create it first")
+        probe = storage.join(url, "_staging", f".write-check-{uuid.uuid4().hex[:12]}")
+        storage.write_bytes_atomic(probe, b"")
+        probe_fs, probe_path = storage.filesystem(probe)
+        probe_fs.rm(probe_path)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a permission, network or path error: say so now, not after encoding
+        raise ConfigError(f"output: cannot write to {where} ({type(err).__name__}: {err})") from err
+
+
+def plan(cfg: IndexJobConfig, files: list[str]) -> BuildPlan:
+    """Identify the model and the input, and choose the version number and the staging folder."""
     method = index_method(cfg.method)
-    model = cfg.model or str(default_model_path())
+    model = model_location(cfg)
     out = cfg.output.rstrip("/")
     snapshot = input_snapshot(cfg.input, files)
     identity = model_identity(method, model, cfg)
@@ -110,11 +162,13 @@ def plan(cfg: IndexJobConfig, files: list[str]) -> BuildPlan:
     reusable = published if published and published.get("encoding_key") == key and manifests.streamable(
         published) else None
     staging = storage.join(out, "_staging", f"{key}-{snapshot['sha256'][:16]}")
+    fingerprint = hashlib.sha256(json.dumps([snapshot["sha256"], key, cfg.index_settings()], sort_keys=True,
+                                            default=str).encode()).hexdigest()[:32]
     return BuildPlan(
         cfg=cfg, method=method, model=model, out=out, identity=identity, key=key,
         dim=cfg.dim or identity["width"], version=version,
-        base=storage.join(out, manifests.version_name(version)), previous=reusable, files=files,
-        snapshot=snapshot, staging=staging, attempt=uuid.uuid4().hex[:12],
+        base=storage.join(out, manifests.version_name(version)), published=published, previous=reusable, files=files,
+        snapshot=snapshot, fingerprint=fingerprint, staging=staging, attempt=uuid.uuid4().hex[:12],
         resumed=parquet_parts_exist(storage.join(staging, "parts")),
     )
 
@@ -130,7 +184,7 @@ def read_parquet(url: str | list[str], columns: list[str] | None = None) -> ray.
     urls = [url] if isinstance(url, str) else url
     paths = [storage.filesystem(u)[1] if not storage.is_local(u) else storage.strip_file_scheme(u) for u in urls]
     dataset = ray.data.read_parquet(paths, filesystem=ray_filesystem(urls[0]), file_extensions=["parquet"],
-                                    ray_remote_args={"num_cpus": READ_CPUS})
+                                    num_cpus=READ_CPUS)
     return dataset.select_columns(columns) if columns else dataset
 
 

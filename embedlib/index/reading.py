@@ -5,8 +5,10 @@ Every input row comes out once, either valid (``reason == ""``) or with the reas
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import zlib
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -14,14 +16,18 @@ import ray
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from embedlib import storage
+from embedlib.errors import UserError
 from embedlib.index.config import IndexJobConfig
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 ROW_COLUMNS = ("id", "title", "text", "content_hash", "reason", "source", "line")
+GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"
+READ_CPUS = 0.25  # reads wait on storage; a whole CPU each would starve the encoder actors on small nodes
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """An input that cannot be indexed at all (missing, unreadable, empty); the message names the URL."""
 
 
@@ -37,20 +43,22 @@ def input_format(cfg: IndexJobConfig, files: list[str]) -> str:
         return "parquet"
     if all(f.endswith(JSONL_SUFFIXES) for f in files):
         return "jsonl"
+    names = [f.rsplit("/", 1)[-1] for f in files[:3]]
     raise InputError(
-        f"{cfg.input}: cannot tell the format of {files[:3]}; set input_format to jsonl or parquet"
+        f"{storage.redact_url(cfg.input)}: cannot tell the format of {names}; set input_format to jsonl or parquet"
     )
 
 
 def list_input_files(url: str, fmt: str = "auto") -> list[str]:
     """The data files at ``url``, sorted: one file; a BEIR dataset folder's ``corpus.*`` alone (never its
     queries); or every jsonl/parquet file under a folder."""
+    where = storage.redact_url(url)
     try:
         fs, path = storage.filesystem(url)
         if fs.isfile(path):
             return [path]
         if not fs.isdir(path):
-            raise InputError(f"{url}: no such file or folder")
+            raise InputError(f"{where}: no such file or folder")
         suffixes = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES}.get(
             fmt, JSONL_SUFFIXES + PARQUET_SUFFIXES
         )
@@ -61,28 +69,51 @@ def list_input_files(url: str, fmt: str = "auto") -> list[str]:
     except InputError:
         raise
     except Exception as err:  # noqa: BLE001 - any filesystem failure is reported with the URL
-        raise InputError(f"{url}: cannot list input ({type(err).__name__}: {err})") from err
+        raise InputError(f"{where}: cannot list input ({type(err).__name__}: {storage.redact_text(str(err), url)})"
+                         ) from err
     if not files:
-        raise InputError(f"{url}: no {fmt if fmt != 'auto' else 'jsonl or parquet'} files found")
+        raise InputError(f"{where}: no {fmt if fmt != 'auto' else 'jsonl or parquet'} files found")
     return files
 
 
 def check_text_column(cfg: IndexJobConfig, files: list[str], fmt: str) -> None:
     """Fail before any encoding when the first file has no ``text_column`` (naming the columns it has)."""
     fs, _ = storage.filesystem(cfg.input)
+    name = files[0].rsplit("/", 1)[-1]
     if fmt == "parquet":
-        with fs.open(files[0], "rb") as f:
-            columns = pq.ParquetFile(f).schema_arrow.names
+        try:
+            with fs.open(files[0], "rb") as f:
+                columns = pq.ParquetFile(f).schema_arrow.names
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            raise InputError(f"{storage.redact_url(cfg.input)}: {name} is not a readable parquet file ({err})") from err
     else:
-        with fs.open(files[0], "rb") as f:
-            first = next((line for line in f if line.strip()), b"")
-        row = try_json(first.decode("utf-8", errors="replace").lstrip("\ufeff")) or {}
+        first = first_jsonl_line(fs, files[0])
+        if first.startswith("PAR1"):
+            raise InputError(f"{storage.redact_url(cfg.input)}: {name} is a parquet file; name it .parquet or "
+                             "set input_format: parquet")
+        if first.lstrip().startswith("["):
+            raise InputError(f"{storage.redact_url(cfg.input)}: {name} is a JSON array, not JSON lines "
+                             "(one object per line)")
+        row = try_json(first) or {}
         if not row:
             return  # an unreadable first line is that row's reject, not the whole input's
         columns = list(row)
     if cfg.text_column not in columns:
-        raise InputError(f"{cfg.input}: no column {cfg.text_column!r} in {files[0].rsplit('/', 1)[-1]} (columns: "
+        raise InputError(f"{storage.redact_url(cfg.input)}: no column {cfg.text_column!r} in {name} (columns: "
                          f"{', '.join(map(str, columns[:20]))}); name the text column with --text-column")
+
+
+def first_jsonl_line(fs, path: str) -> str:
+    """The first non-blank line of a (possibly gzip-compressed) jsonl file, or "" when unreadable."""
+    with fs.open(path, "rb") as f:
+        head = f.read(1 << 20)
+    try:
+        if head.startswith(GZIP_MAGIC):
+            head = zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(head)
+    except zlib.error:
+        return ""
+    head = head.removeprefix(UTF8_BOM)
+    return next((line for line in head.split(b"\n") if line.strip()), b"").decode("utf-8", errors="replace")
 
 
 def ray_filesystem(url: str):
@@ -151,12 +182,14 @@ def rows_table(records: list[tuple], max_chars: int) -> dict[str, np.ndarray]:
 def parse_jsonl_files(
     batch: dict[str, np.ndarray], id_column: str, text_column: str, title_column: str | None, max_chars: int
 ) -> dict[str, np.ndarray]:
-    """One jsonl file's bytes -> checked rows (one per non-blank line; a UTF-8 BOM at the start is skipped)."""
+    """One jsonl file's bytes -> checked rows (one per non-blank line; see ``jsonl_bytes``)."""
     records = []
     for data, path in zip(batch["bytes"], batch["path"], strict=True):
-        data = bytes(data)
-        if data.startswith(b"\xef\xbb\xbf"):
-            data = data[3:]
+        try:
+            data = jsonl_bytes(bytes(data))
+        except (OSError, EOFError) as err:  # a corrupt gzip file: one reject for the whole file
+            records.append((None, None, None, path, 0, f"unreadable gzip ({err})"))
+            continue
         for number, line in enumerate(data.split(b"\n"), start=1):
             if not line.strip():
                 continue
@@ -175,6 +208,14 @@ def parse_jsonl_files(
             title = row.get(title_column) if title_column else None
             records.append((row.get(id_column), title, row.get(text_column), path, number, None))
     return rows_table(records, max_chars)
+
+
+def jsonl_bytes(data: bytes) -> bytes:
+    """A jsonl file's text as UTF-8 bytes: gzip-compressed files (whatever their name) are decompressed and a
+    leading UTF-8 byte-order mark is dropped."""
+    if data.startswith(GZIP_MAGIC):
+        data = gzip.decompress(data)
+    return data.removeprefix(UTF8_BOM)
 
 
 def try_json(line: str) -> dict | None:
@@ -235,12 +276,12 @@ def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
     try:
         if fmt == "jsonl":
             ds = ray.data.read_binary_files(files, include_paths=True, filesystem=filesystem,
-                                            ray_remote_args={"num_cpus": 0.25})
+                                            num_cpus=READ_CPUS)
             ds = ds.map_batches(
                 parse_jsonl_files,
                 batch_size=1,
                 batch_format="numpy",
-                num_cpus=0.25,
+                num_cpus=READ_CPUS,
                 fn_kwargs=dict(id_column=cfg.id_column or "_id", **kwargs),
             )
         else:
@@ -249,10 +290,11 @@ def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
                 parse_parquet_files,
                 batch_size=1,
                 batch_format="numpy",
-                num_cpus=0.25,
+                num_cpus=READ_CPUS,
                 fn_kwargs=dict(id_column=cfg.id_column or "id", batch_rows=cfg.batch_rows,
                                filesystem_url=cfg.input, **kwargs),
             )
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
-        raise InputError(f"{cfg.input}: cannot read input ({type(err).__name__}: {err})") from err
+        raise InputError(f"{storage.redact_url(cfg.input)}: cannot read input ({type(err).__name__}: "
+                         f"{storage.redact_text(str(err), cfg.input)})") from err
     return ds, files

@@ -1,0 +1,144 @@
+"""What a run publishes, and what it never does: no empty or shrunken version by accident, no deleted version a
+reader may hold, no silently lost staging parts. (An unchanged rerun publishing nothing: ``test_index.py``.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import all_ids
+
+from embedlib import storage
+from embedlib.data import SAMPLE_DATASET
+from embedlib.index import (
+    IndexJobConfig,
+    InputError,
+    ShardedIndex,
+    ShrinkError,
+    StorageLostDataError,
+    build_index,
+)
+from embedlib.index import manifest as manifests
+from embedlib.index.build import assemble_version, configure_ray_data, encode
+from embedlib.index.plan import check_locations, plan
+
+
+def cranfield_rows(n: int) -> list[dict]:
+    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
+        return [json.loads(line) for line in f][:n]
+
+
+def write_jsonl(path: Path | str, rows: list[dict]) -> str:
+    storage.write_bytes_atomic(str(path), "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return str(path)
+
+
+def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:
+    values = dict(input=input_url, output=output_url, model=str(model), shard_size=100, batch_rows=16,
+                  show_progress=False)
+    return IndexJobConfig(**(values | overrides))
+
+
+@pytest.fixture(scope="module")
+def published(ray_cluster, tmp_path_factory, tiny_models) -> tuple[Path, Path]:
+    """An index of 40 Cranfield documents (one version) and its input, built once for this module."""
+    root = tmp_path_factory.mktemp("published")
+    corpus = write_jsonl(root / "corpus.jsonl", cranfield_rows(40))
+    build_index(config(corpus, str(root / "index"), tiny_models["bert"]))
+    return Path(corpus), root / "index"
+
+
+@pytest.fixture
+def index_copy(published, tmp_path) -> str:
+    """A private copy of the module's index, for one test to change."""
+    shutil.copytree(published[1], tmp_path / "index")
+    return str(tmp_path / "index")
+
+
+def versions(index: str) -> list[str]:
+    return sorted(p.name for p in Path(index).glob("v0*"))
+
+
+def test_a_run_whose_every_row_is_rejected_publishes_nothing(index_copy, tiny_models, tmp_path):
+    index = index_copy
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"_id": f"d{i}", "text": None} for i in range(3)])
+    with pytest.raises(InputError, match=r"no valid documents \(3 rows rejected.*nothing published"):
+        build_index(config(bad, index, tiny_models["bert"]))
+    assert ShardedIndex.open(index).manifest["version"] == 1 and len(ShardedIndex.open(index)) == 40
+
+
+def test_a_version_that_drops_most_documents_needs_allow_shrink(index_copy, tiny_models, tmp_path):
+    index = index_copy
+    few = write_jsonl(tmp_path / "few.jsonl", cranfield_rows(40)[:5])
+    with pytest.raises(ShrinkError, match="would hold 5 documents, the published version 1 holds 40.*--allow-shrink"):
+        build_index(config(few, index, tiny_models["bert"]))
+    assert ShardedIndex.open(index).manifest["version"] == 1
+    summary = build_index(config(few, index, tiny_models["bert"], allow_shrink=True))
+    assert (summary.version, summary.carried_over) == (2, 5) and sorted(all_ids(index)) == sorted(
+        r["_id"] for r in cranfield_rows(5))
+    assert versions(index) == ["v000001", "v000002"]  # refused before any shard was written
+
+
+def fake_version(root: Path, number: int, published_hours_ago: float | None) -> None:
+    """A version folder; published (with a manifest saying when) unless ``published_hours_ago`` is None."""
+    folder = root / manifests.version_name(number)
+    folder.mkdir(parents=True)
+    (folder / "shard-00000.parquet").write_bytes(b"rows")
+    if published_hours_ago is not None:
+        created = datetime.now(UTC) - timedelta(hours=published_hours_ago)
+        (folder / "manifest.json").write_text(json.dumps({"created_at": created.isoformat()}))
+
+
+def test_retention_counts_published_versions_only(tmp_path):
+    fake_version(tmp_path, 1, published_hours_ago=48)
+    for crashed in (2, 3):
+        fake_version(tmp_path, crashed, published_hours_ago=None)
+    fake_version(tmp_path, 4, published_hours_ago=47)
+    assert manifests.prune_versions(str(tmp_path), keep=2, grace_seconds=0) == [2, 3]
+    assert versions(str(tmp_path)) == ["v000001", "v000004"]  # v1 was one of the two published versions
+
+
+def test_retention_never_removes_a_version_within_the_grace_period(tmp_path):
+    for number, hours in ((1, 30), (2, 2), (3, 1), (4, 0)):
+        fake_version(tmp_path, number, published_hours_ago=hours)
+    assert manifests.prune_versions(str(tmp_path), keep=1, grace_seconds=24 * 3600) == [1]
+    assert versions(str(tmp_path)) == ["v000002", "v000003", "v000004"]
+    assert manifests.prune_versions(str(tmp_path), keep=1, grace_seconds=0) == [2, 3]
+
+
+def staged_run(cfg: IndexJobConfig):
+    """The first two steps of a build (plan, encode), as a job killed before assembling leaves them."""
+    configure_ray_data(cfg)
+    run = plan(cfg, check_locations(cfg))
+    totals, _ = encode(run)
+    return run, totals
+
+
+def part_files(run) -> list[str]:
+    fs, path = storage.filesystem(run.parts)
+    return sorted(p for p in fs.ls(path, detail=False) if p.endswith(".parquet")) if fs.exists(path) else []
+
+
+def test_s3_lost_parts_fail_loudly_and_a_killed_run_resumes(ray_cluster, s3_bucket, tiny_models):
+    rows = cranfield_rows(64)
+    corpus = write_jsonl(f"{s3_bucket}/corpus.jsonl", rows)
+    cfg = config(corpus, f"{s3_bucket}/index", tiny_models["bert"])
+    run, totals = staged_run(cfg)
+    parts = part_files(run)
+    assert len(parts) >= 2 and totals["docs"] == 64
+    fs, _ = storage.filesystem(run.parts)
+    with fs.open(parts[0], "rb") as f:
+        lost = pq.ParquetFile(f).metadata.num_rows
+    fs.rm(parts[0])  # storage loses a part between the steps
+    with pytest.raises(StorageLostDataError, match=rf"index/_staging/.*wrote 64 valid documents there, but {64 - lost}"):
+        assemble_version(run, totals)
+    assert not storage.exists(f"{s3_bucket}/index/manifest.json")
+
+    summary = build_index(cfg)  # the rerun finds the remaining parts on S3 and encodes only the lost rows
+    assert (summary.embedded, summary.carried_over) == (lost, 64 - lost)
+    assert sorted(all_ids(cfg.output)) == sorted(r["_id"] for r in rows)
+    assert not part_files(run)
