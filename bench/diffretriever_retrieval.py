@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from embedlib.encoding.encoder import embedded_text
+from embedlib.encoding.formats import embedded_text
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder, RepresentativeTokens
 from embedlib.eval.beir import BeirDataset, load_beir
 from embedlib.eval.metrics import evaluate_run, run_from_topk

@@ -2,6 +2,7 @@
 
     python bench/index_scifact.py                      # whole SciFact corpus (5,183 docs), MiniLM, int8
     python bench/index_scifact.py --docs 1000          # quicker (throughput only is meaningful then)
+    python bench/index_scifact.py --actors 2           # two encoder actors, each with half the cores
 
 Prints and writes to ``bench/results/index_scifact.json``: (1) throughput: docs/s of the encode step (read ->
 check -> encoder actor pool -> staging parts, actor start-up and model load included) and of the
@@ -44,10 +45,9 @@ def write_corpus(dataset, ids: list[str], folder: Path) -> str:
     return str(path)
 
 
-def pipeline(corpus: str, output: str, model: str, shard_size: int) -> tuple[float, object]:
-    summary = build_index(
-        IndexJobConfig(input=corpus, output=output, model=model, shard_size=shard_size, show_progress=False)
-    )
+def pipeline(corpus: str, output: str, model: str, shard_size: int, actors: int) -> tuple[float, object]:
+    summary = build_index(IndexJobConfig(input=corpus, output=output, model=model, shard_size=shard_size,
+                                         actors=actors, show_progress=False))
     return summary.embedded / summary.encode_seconds, summary
 
 
@@ -59,8 +59,10 @@ def main() -> None:
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--docs", type=int, help="only the first N documents")
     parser.add_argument("--shard-size", type=int, default=1000)
+    parser.add_argument("--actors", type=int, default=1, help="encoder actors (each gets cores / actors threads)")
     args = parser.parse_args()
-    result = Result("index_scifact" if args.docs is None else f"index_scifact_{args.docs}")
+    name = "index_scifact" + (f"_{args.docs}" if args.docs else "") + (f"_actors{args.actors}" if args.actors > 1 else "")
+    result = Result(name)
 
     dataset = load_beir(args.data)
     ids = dataset.doc_ids()[: args.docs]
@@ -71,17 +73,18 @@ def main() -> None:
         corpus = write_corpus(dataset, ids, tmp)
         (tmp / "warm").mkdir()
         warm = write_corpus(dataset, ids[:50], tmp / "warm")
-        pipeline(warm, str(tmp / "warm-index"), args.model, args.shard_size)  # starts Ray's worker processes
+        pipeline(warm, str(tmp / "warm-index"), args.model, args.shard_size, args.actors)  # starts Ray's worker processes
 
         encoder = Encoder.from_pretrained(args.model)
         t = time.perf_counter()
         doc_vectors = encoder.encode(texts, quantization="int8", show_progress=True)
         single_rate = len(texts) / (time.perf_counter() - t)
 
-        pipeline_rate, summary = pipeline(corpus, str(tmp / "index"), args.model, args.shard_size)
+        pipeline_rate, summary = pipeline(corpus, str(tmp / "index"), args.model, args.shard_size, args.actors)
         print(summary)
         print(
-            f"throughput ({len(ids)} docs, {Path(args.model).name}, int8, this machine): pipeline encode stage "
+            f"throughput ({len(ids)} docs, {Path(args.model).name}, int8, {args.actors} encoder actor(s), this "
+            f"machine): pipeline encode stage "
             f"{pipeline_rate:.1f} docs/s, single-process Encoder.encode {single_rate:.1f} docs/s, "
             f"ratio {pipeline_rate / single_rate:.3f} (whole job incl. read/shards/manifest: "
             f"{summary.docs_per_second:.1f} docs/s)"
@@ -111,7 +114,7 @@ def main() -> None:
         print(f"storage: {summary.bytes_per_doc:.1f} bytes/doc for int8 width {width} "
               f"(overhead {summary.bytes_per_doc - width:.1f} bytes/doc over the vector)")
         result.write({
-            "docs": len(ids), "model": Path(args.model).name, "quantization": "int8",
+            "docs": len(ids), "model": Path(args.model).name, "quantization": "int8", "actors": args.actors,
             "pipeline_encode_docs_per_s": round(pipeline_rate, 2), "single_process_docs_per_s": round(single_rate, 2),
             "throughput_ratio": round(pipeline_rate / single_rate, 3),
             "whole_job_docs_per_s": round(summary.docs_per_second, 2), "job_seconds": round(summary.seconds, 1),

@@ -8,52 +8,76 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
+from urllib.parse import unquote
 
 import fsspec
 from fsspec.core import url_to_fs
 
-# Query parameters that carry credentials: presigned S3 (SigV4 and V2), GCS, Azure SAS, generic tokens.
+# A URL's user-info: ``user:password@`` (the password may hold '/', as AWS secret keys often do; one that starts
+# with digits and a '/' is read as a port and a path instead) or ``user@``.
+USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@:]*:(?!\d+/)[^@]*|[^/?#@:]*)@")
+# Query parameters that carry credentials (compared lowercased): presigned S3 (SigV4: X-Amz-Signature,
+# X-Amz-Credential, X-Amz-Security-Token; V2: AWSAccessKeyId, Signature), GCS, Azure SAS (sig), generic keys and
+# tokens; and any parameter whose name ends in one of SECRET_QUERY_SUFFIXES (access_token, client_secret, ...).
 SECRET_QUERY_KEYS = frozenset({
-    "x-amz-signature", "x-amz-credential", "x-amz-security-token", "signature", "awsaccesskeyid",
-    "x-goog-signature", "x-goog-credential", "sig", "se", "sp", "sv", "token", "access_token", "key", "password",
+    "sig", "signature", "key", "apikey", "api_key", "awsaccesskeyid", "googleaccessid", "password", "passwd",
+    "secret", "token",
 })
+SECRET_QUERY_SUFFIXES = ("signature", "credential", "token", "secret", "password")
+MIN_SECRET_CHARS = 3  # shorter credentials are not masked inside other text (they would garble it)
 
 
 def redact_url(url: str | os.PathLike) -> str:
-    """``url`` with no credentials: no ``user:password@`` part and no signature or token query parameters.
+    """``url`` with no credentials: no ``user:password@`` part and no signature, key or token query parameter.
 
     Never raises, and keeps everything else as written (a bucket's case included): it is what goes into every
-    message, log line and manifest that names a location.
+    message, log line and manifest that names a location. Anything without a ``scheme://`` is returned as is.
     """
-    url = str(url)
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, tail = rest.partition("/")
-    if "@" in authority:
-        authority = authority.rsplit("@", 1)[1]
-    path, question, query = tail.partition("?")
-    if question:
-        kept = [item for item in query.split("&") if item.split("=", 1)[0].lower() not in SECRET_QUERY_KEYS]
-        query = "&".join(kept)
-        question = "?" if kept else ""
-    return f"{scheme}{sep}{authority}{slash}{path}{question}{query}"
+    return split_credentials(url)[0]
 
 
 def redact_text(text: str, url: str | os.PathLike) -> str:
     """``text`` (an error message from a storage library, say) with ``url`` in it replaced by its redacted
-    form, and the URL's user and password removed wherever else they appear."""
-    url = str(url)
-    text = text.replace(url, redact_url(url))
-    authority = url.partition("://")[2].partition("/")[0]
-    if "@" in authority:
-        for secret in authority.rsplit("@", 1)[0].split(":"):
-            if secret:
-                text = text.replace(secret, "***")
+    form, and the URL's credentials masked (``***``) wherever else they appear (a library may quote them apart)."""
+    redacted, secrets = split_credentials(url)
+    text = text.replace(str(url), redacted)
+    for secret in sorted({form for s in secrets for form in (s, unquote(s))}, key=len, reverse=True):
+        if len(secret) >= MIN_SECRET_CHARS:
+            text = text.replace(secret, "***")
     return text
+
+
+def split_credentials(url: str | os.PathLike) -> tuple[str, list[str]]:
+    """``url`` without its credentials (see ``redact_url``), and the credentials taken out of it."""
+    text = str(url)
+    if "://" not in text:
+        return text, []
+    secrets: list[str] = []
+    while match := USERINFO.match(text):  # more than one '@' (an unencoded one in a password): strip them all
+        secrets += [part for part in match["userinfo"].split(":", 1) if part]
+        text = match["scheme"] + text[match.end():]
+    head, hash_, fragment = text.partition("#")
+    base, question, query = head.partition("?")
+    if not question:
+        return text, secrets
+    kept = []
+    for item in query.split("&"):
+        name, _, value = item.partition("=")
+        if is_secret_parameter(name):
+            secrets += [value] if value else []
+        else:
+            kept.append(item)
+    return base + ("?" + "&".join(kept) if kept else "") + hash_ + fragment, secrets
+
+
+def is_secret_parameter(name: str) -> bool:
+    """Whether a URL query parameter carries a credential (``SECRET_QUERY_KEYS``, ``SECRET_QUERY_SUFFIXES``)."""
+    name = unquote(name).lower()
+    return name in SECRET_QUERY_KEYS or name.endswith(SECRET_QUERY_SUFFIXES)
 
 
 def is_local(url: str | os.PathLike) -> bool:
@@ -139,7 +163,7 @@ def local_dir(url: str | os.PathLike) -> Path:
     url = str(url)
     fs, path = filesystem(url)
     if not fs.exists(path):
-        raise FileNotFoundError(f"{url}: no such object or prefix")
+        raise FileNotFoundError(f"{redact_url(url)}: no such object or prefix")
     name = url.rstrip("/").rsplit("/", 1)[-1] or "root"
     key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
     target = cache_root() / "downloads" / f"{name}-{key}-{remote_fingerprint(fs, path)}"

@@ -4,7 +4,8 @@ Q2D (default), Q2Q (``--q2q``: a query never retrieves itself) or bitext mining 
 every model in float/int8/binary side by side with BM25 and published indexes (``--method diffretriever``:
 diffusion LMs' multi-vector dense, sparse and hybrid scores per K_q instead); ``--distractors URL --scale
 1,10,100`` grows the corpus and reports how recall falls. Writes metrics.json, per_query.json, report.md and
-PNG plots under ``--out`` (any fsspec URL). Bad input exits with status 2 and a message naming the file.
+PNG plots under ``--out`` (any fsspec URL). ``--model all-MiniLM-L6-v2`` is the embedded default model. A
+mistake the user can fix (flag, config, dataset, model path) exits with status 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
-import yaml  # noqa: E402
-
-from embedlib.config import ConfigError  # noqa: E402
-from embedlib.eval.beir import DatasetError  # noqa: E402
+from embedlib.config import read_yaml  # noqa: E402
+from embedlib.errors import run_job  # noqa: E402
 from embedlib.eval.job import EvalConfig, run_evaluation  # noqa: E402
 from embedlib.eval.report import report_markdown  # noqa: E402
+from embedlib.eval.systems import model_name  # noqa: E402
+from embedlib.models.loading import resolve_model  # noqa: E402
 
 
 def comma_list(kind):
@@ -62,25 +63,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def named_model(spec: str) -> str:
+    """``NAME=PATH_OR_URL`` with the embedded default model's name (``all-MiniLM-L6-v2``) resolved to its folder;
+    the system keeps the name the user gave."""
+    name, path = model_name(spec)
+    resolved = resolve_model(path)
+    return spec if resolved == path else f"{name}={resolved}"
+
+
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    values = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    """The validated config: ``--config`` YAML, then the flags over it; model names resolved."""
+    values = read_yaml(args.config) if args.config else {}
     for field in dataclasses.fields(EvalConfig):
         flag = getattr(args, field.name, None)
         if flag is not None:
             values[field.name] = flag
     if args.no_progress:
         values["show_progress"] = False
-    return EvalConfig.from_dict(values)
+    config = EvalConfig.from_dict(values)
+    config.models = [named_model(spec) for spec in config.models]
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        config = config_from_args(args)
-        document = run_evaluation(config)
-    except (ConfigError, DatasetError, FileNotFoundError) as err:
-        print(f"evaluate: error: {err}", file=sys.stderr)
-        return 2
+    """The job's exit status: 0, or 2 for a mistake the user can fix (one line on stderr)."""
+    return run_job("evaluate", lambda: evaluate(argv))
+
+
+def evaluate(argv: list[str] | None) -> int:
+    config = config_from_args(parse_args(argv))
+    document = run_evaluation(config)
     print(report_markdown(document))
     print(f"\nreport written to {config.out}")
     return 0

@@ -2,6 +2,9 @@
 
 With no arguments: the bundled Cranfield sample, the default model (all-MiniLM-L6-v2), local Ray, output in
 ``./outputs/index``; it then prints nDCG@10 of the published index on the sample's judged queries.
+Under ``ray job submit`` the working dir is copied: give ``--input``/``--output`` as absolute paths or URLs.
+A mistake the user can fix (flag, config field, input, model or output location) exits with status 2 and one
+line on stderr; flags and the config are checked before Ray or torch are imported.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
-import yaml  # noqa: E402
-
+from embedlib.config import read_yaml  # noqa: E402
 from embedlib.data import SAMPLE_DATASET  # noqa: E402
-from embedlib.index import ConfigError, IndexJobConfig, ShardedIndex, build_index  # noqa: E402
+from embedlib.errors import run_job  # noqa: E402
+from embedlib.index.config import IndexJobConfig  # noqa: E402
 
 DEFAULT_OUTPUT = "outputs/index"
 
@@ -30,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--input", help="jsonl/parquet file or folder, any fsspec URL (default: bundled Cranfield)"
     )
     parser.add_argument("--output", help=f"index root URL (default: {DEFAULT_OUTPUT})")
-    parser.add_argument("--model", help="checkpoint folder or URL (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--model", help="checkpoint folder or URL, or all-MiniLM-L6-v2 (the default: the "
+                                         "embedded model)")
     parser.add_argument("--method", choices=["dense", "diffretriever"],
                         help="dense (default): one pooled vector per doc; diffretriever: K_p mask-token vectors "
                              "+ a sparse vector per doc from a diffusion LM")
@@ -51,12 +55,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cpus-per-actor", type=float)
     parser.add_argument("--gpus-per-actor", type=float)
     parser.add_argument("--strict", action="store_true", default=None, help="fail on any rejected row")
+    parser.add_argument("--allow-shrink", action="store_true", default=None,
+                        help="publish even if the new version keeps under half of the current one's documents")
+    parser.add_argument("--keep-versions", type=int, help="published versions kept (default 3)")
+    parser.add_argument("--keep-recent-hours", type=float,
+                        help="never delete a version published less than this long ago (default 24)")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
 
 
 def config_from_args(args: argparse.Namespace) -> IndexJobConfig:
-    values = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    """The validated config: ``--config`` YAML, then the flags over it; the default model's name resolved."""
+    values = read_yaml(args.config) if args.config else {}
     for field in dataclasses.fields(IndexJobConfig):
         flag = getattr(args, field.name, None)
         if flag is not None:
@@ -65,13 +75,19 @@ def config_from_args(args: argparse.Namespace) -> IndexJobConfig:
     values.setdefault("output", DEFAULT_OUTPUT)
     if args.no_progress:
         values["show_progress"] = False
-    return IndexJobConfig.from_dict(values)
+    cfg = IndexJobConfig.from_dict(values)
+    if cfg.model:
+        from embedlib.models.loading import resolve_model  # torch: after the config is known to be valid
+
+        cfg.model = resolve_model(cfg.model)
+    return cfg
 
 
 def evaluate_sample(output: str) -> dict[str, float]:
     """nDCG@10 etc. of the published index on the bundled sample's judged queries."""
     from embedlib.eval.beir import load_beir
     from embedlib.eval.metrics import evaluate_run
+    from embedlib.index.sharded import ShardedIndex
 
     dataset = load_beir(str(SAMPLE_DATASET))
     queries = dataset.judged_queries()
@@ -85,12 +101,14 @@ def evaluate_sample(output: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-    except ConfigError as err:
-        print(f"index: error: {err}", file=sys.stderr)
-        return 2
+    """The job's exit status: 0, or 2 for a mistake the user can fix (one line on stderr)."""
+    return run_job("index", lambda: index(argv))
+
+
+def index(argv: list[str] | None) -> int:
+    cfg = config_from_args(parse_args(argv))
+    from embedlib.index.build import build_index  # Ray and torch: only once the config is valid
+
     summary = build_index(cfg)
     print(summary)
     if cfg.input == str(SAMPLE_DATASET / "corpus.jsonl") and cfg.chunk_tokens is None:

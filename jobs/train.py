@@ -11,7 +11,8 @@ DeepSpeed.
 ``--prepare-beir`` first writes the config's ``data.url`` from a BEIR-layout dataset (qrels -> pairs,
 plus hard negatives mined with BM25 or an embedding model for triplets, and for diffretriever with
 ``hard_negatives > 0``; for contextual, each relevant document in sentence chunks with the BM25-best chunk
-as gold).
+as gold). A mistake the user can fix (flag, config field, data) exits with status 2 and one line on stderr;
+the config is checked before Ray or torch are imported.
 """
 
 from __future__ import annotations
@@ -21,27 +22,30 @@ import random
 import sys
 from pathlib import Path
 
-import ray
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
-from embedlib.encoding.encoder import Encoder  # noqa: E402
-from embedlib.eval.beir import load_beir  # noqa: E402
+from embedlib.errors import run_job  # noqa: E402
+from embedlib.storage import redact_url  # noqa: E402
+from embedlib.training import config as training_config  # noqa: E402
 from embedlib.training.config import ConfigError, TrainConfig, load_config, parse_overrides  # noqa: E402
-from embedlib.training.data import (  # noqa: E402
-    beir_contextual_rows,
-    beir_pairs,
-    mine_bm25_negatives,
-    mine_embedding_negatives,
-    row_format,
-    write_rows,
-)
-from embedlib.training.runner import train  # noqa: E402
+
+STAGES = tuple(stage for stage in training_config.STAGES if stage != "pretrain")  # pretrain: jobs/pretrain.py
 
 
 def prepare_beir(cfg: TrainConfig, url: str, split: str, negatives: str) -> None:
     """Write ``cfg.data.url`` from a BEIR dataset: shuffled pairs, triplets with mined negatives, or
     contextual rows (relevant documents in sentence chunks, the BM25-best chunk gold)."""
+    from embedlib.encoding.encoder import Encoder
+    from embedlib.eval.beir import load_beir
+    from embedlib.training.data import (
+        beir_contextual_rows,
+        beir_pairs,
+        mine_bm25_negatives,
+        mine_embedding_negatives,
+        row_format,
+        write_rows,
+    )
+
     dataset = load_beir(url, split)
     rows = row_format(cfg.stage, cfg.hard_negatives)
     examples = beir_contextual_rows(dataset) if rows == "contextual" else beir_pairs(dataset)
@@ -56,28 +60,44 @@ def prepare_beir(cfg: TrainConfig, url: str, split: str, negatives: str) -> None
     print(f"wrote {len(examples)} {rows} rows to {cfg.data.url}")
 
 
-def main(stages: tuple[str, ...] = ("pair", "contextual", "triplet", "diffretriever")) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", required=True, help="YAML training config (local path or URL)")
-    parser.add_argument("--stage", choices=stages, help="must match the config's stage when given")
+    parser.add_argument("--stage", choices=STAGES, help="must match the config's stage when given")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     parser.add_argument("--prepare-beir", metavar="URL", help="write data.url from this BEIR dataset first")
     parser.add_argument("--split", default="train")
     parser.add_argument("--negatives", default="bm25", help="bm25 or model:<checkpoint> (triplets)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The validated config (``--set`` and ``--stage`` over the YAML); errors name the file and the field."""
     overrides = parse_overrides(args.set)
     if args.stage:
         overrides["stage"] = args.stage
-    try:
-        cfg = load_config(args.config, overrides)
-    except ConfigError as err:
-        raise SystemExit(f"{args.config}: {err}") from None
-    if cfg.stage not in stages:
-        raise SystemExit(f"{args.config}: stage {cfg.stage!r} is not one of {stages}")
+    cfg = load_config(args.config, overrides)
+    if cfg.stage not in STAGES:
+        raise ConfigError(f"{redact_url(args.config)}: stage {cfg.stage!r} is not one of {STAGES} (pretrain: jobs/pretrain.py)")
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The job's exit status: 0, or 2 for a mistake the user can fix (one line on stderr)."""
+    return run_job("train", lambda: train_stage(argv))
+
+
+def train_stage(argv: list[str] | None) -> int:
+    args = parse_args(argv)
+    cfg = config_from_args(args)
     if args.prepare_beir:
         prepare_beir(cfg, args.prepare_beir, args.split, args.negatives)
+    import ray
+
+    from embedlib.training.runner import train
+
     ray.init()
     result = train(cfg)
     last = result.history[-1] if result.history else {}
@@ -85,7 +105,8 @@ def main(stages: tuple[str, ...] = ("pair", "contextual", "triplet", "diffretrie
         f"{cfg.stage}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}; "
         f"model at {result.output} (metrics.csv, loss.png beside it)"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,7 +11,7 @@ import pytest
 from conftest import write_beir_subset
 
 from embedlib.data import SAMPLE_DATASET
-from embedlib.encoding.encoder import embedded_text
+from embedlib.encoding.formats import embedded_text
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder, RepresentativeTokens
 from embedlib.index import ConfigError, IndexJobConfig, ShardedIndex, build_index
 from embedlib.models.diffusion_lm import make_tiny_diffusion_qwen3_checkpoint

@@ -48,11 +48,6 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     return texts
 
 
-def embedded_text(title: str | None, text: str) -> str:
-    """The text a document is embedded as (BEIR's and sentence-transformers' ``title + " " + text``)."""
-    return f"{title} {text}".strip() if title else text
-
-
 @dataclass
 class Chunk:
     """One late-chunking span of a text: its vector and character span in the text."""

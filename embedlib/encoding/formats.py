@@ -1,5 +1,6 @@
-"""The stored embedding formats and their similarities, in numpy alone (no torch: light enough for every
-Ray worker that only reads, writes or searches vectors)."""
+"""What is embedded and how it is stored: a document's embedded text, the stored embedding formats and their
+similarities, in numpy alone (no torch: light enough for every Ray worker that only reads, writes or searches
+vectors, and for drivers)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ import numpy as np
 
 Quantization = Literal["float", "int8", "binary"]
 QUANTIZATIONS: tuple[str, ...] = ("float", "int8", "binary")
+
+
+def embedded_text(title: str | None, text: str) -> str:
+    """The text a document is embedded as (BEIR's and sentence-transformers' ``title + " " + text``)."""
+    return f"{title} {text}".strip() if title else text
 
 
 def output_width(dim: int, quantization: Quantization) -> int:

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
+from embedlib import storage
 from embedlib.encoding.batching import pad_batch, plan_batches
 from embedlib.encoding.encoder import check_texts
 from embedlib.models.bidirectional import bidirectional_attention_mask
@@ -200,7 +201,7 @@ class DiffRetrieverEncoder(_RepresentativeBase):
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         if not 0 <= lm.mask_token_id < self.vocab_size:
             raise ValueError(
-                f"{lm.source}: mask_token_id {lm.mask_token_id} is outside the LM head's "
+                f"{storage.redact_url(lm.source)}: mask_token_id {lm.mask_token_id} is outside the LM head's "
                 f"{self.vocab_size} outputs"
             )
         self.excluded = torch.as_tensor(excluded_term_ids(self.tokenizer, self.vocab_size))

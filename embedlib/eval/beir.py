@@ -8,10 +8,11 @@ import json
 from dataclasses import dataclass
 
 from embedlib import storage
-from embedlib.encoding.encoder import embedded_text
+from embedlib.encoding.formats import embedded_text
+from embedlib.errors import UserError
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset that cannot be evaluated; the message names the file and the offending ids."""
 
 

@@ -15,6 +15,7 @@ from itertools import islice
 import pyarrow.parquet as pq
 
 from embedlib import storage
+from embedlib.eval.beir import DatasetError
 
 TEXT_SUFFIXES = (".txt", ".tokens", ".zip")
 DISTRACTOR_ID_PREFIX = "distractor-"
@@ -49,7 +50,7 @@ def text_files(url: str) -> list[str]:
     protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
     found = sorted(p for p in fs.find(path) if p.endswith(TEXT_SUFFIXES))
     if not found:
-        raise FileNotFoundError(f"{url}: no {', '.join(TEXT_SUFFIXES)} files")
+        raise DatasetError(f"{storage.redact_url(url)}: no {', '.join(TEXT_SUFFIXES)} files")
     return [protocol + p if protocol and not p.startswith(protocol) else p for p in found]
 
 

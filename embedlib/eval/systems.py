@@ -15,6 +15,7 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
+from embedlib import storage
 from embedlib.encoding.encoder import Encoder
 from embedlib.encoding.formats import Quantization, output_dtype, output_width
 from embedlib.eval.embeddings import encode_float, quantized
@@ -97,7 +98,7 @@ class DenseSystem(System):
         self.index = None
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "model": self.model.name, "source": str(self.model.encoder.source),
+        return {"kind": self.kind, "model": self.model.name, "source": storage.redact_url(self.model.encoder.source),
                 "quantization": self.quantization, "dim": self.dim, "search": self.ann}
 
     def _vectors(self, texts: Sequence[str], desc: str) -> np.ndarray:

@@ -16,6 +16,7 @@ by), one manifest entry per shard, and counts.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -57,17 +58,19 @@ class StorageLostDataError(RuntimeError):
 
 
 def ensure_ray() -> None:
-    """Connect to the cluster (``RAY_ADDRESS``, as under ``ray job submit``) or start a local Ray."""
+    """Connect to the cluster (``RAY_ADDRESS``, as under ``ray job submit``) or start a local Ray without the
+    dashboard (a one-off local run does not need it; Ray ignores the flag when it connects to a cluster)."""
     if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True)
+        ray.init(ignore_reinit_error=True, include_dashboard=False)
 
 
 def configure_ray_data(cfg: IndexJobConfig) -> None:
-    """Progress bars as asked; shuffle and join actors ask for a sliver of a CPU, so that a cluster whose CPUs
+    """Progress bars as asked; shuffle actors ask for a sliver of a CPU, so that a cluster whose CPUs
     are all held (encoder actors, shard-serving actors) still runs them instead of waiting for minutes."""
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = cfg.show_progress
-    context.join_operator_actor_num_cpus_override = SHUFFLE_ACTOR_CPUS
+    if not cfg.show_progress:  # asked for: Ray Data's warning that progress bars are off is noise
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     context.hash_shuffle_operator_actor_num_cpus_override = SHUFFLE_ACTOR_CPUS
     context.hash_aggregate_operator_actor_num_cpus_override = SHUFFLE_ACTOR_CPUS
 

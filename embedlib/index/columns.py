@@ -36,6 +36,15 @@ def column_matrix(column: pa.ChunkedArray | pa.Array, dtype: np.dtype) -> np.nda
     return np.asarray(array.flatten().to_numpy(zero_copy_only=False), dtype=dtype).reshape(-1, width)
 
 
+def vector_bytes(column: pa.ChunkedArray | pa.Array) -> int:
+    """Bytes per stored vector of a ``vectors_column`` column (from its type; -1 for any other column type)."""
+    if pa.types.is_fixed_size_binary(column.type):
+        return column.type.byte_width
+    if pa.types.is_fixed_size_list(column.type) and pa.types.is_primitive(column.type.value_type):
+        return column.type.list_size * column.type.value_type.bit_width // 8
+    return -1
+
+
 def sparse_columns(matrix: sp.csr_matrix) -> dict[str, pa.Array]:
     """A CSR matrix as ``sparse_ids`` / ``sparse_weights`` list columns (one row per matrix row)."""
     bounds = list(zip(matrix.indptr[:-1], matrix.indptr[1:], strict=True))

@@ -18,9 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
-import torch
 
-from embedlib.encoding.encoder import embedded_text
+from embedlib.encoding.formats import embedded_text
 from embedlib.index.config import IndexJobConfig
 from embedlib.index.methods import index_method
 from embedlib.index.parts import SPAN_TYPES, EncodeSettings, part_rows, part_schema, rows_meta, write_part
@@ -42,6 +41,8 @@ class EncodeActor:
         device: str | None,
         dtype: str | None,
     ):
+        import torch  # in the actor only: the driver that builds the pipeline stays torch-free
+
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.settings = settings
@@ -54,7 +55,6 @@ class EncodeActor:
         """Rows of one batch -> one staging part; returns the part's counts (one row)."""
         return write_part(self.part(batch), self.folder, self.rejects_folder, self.settings.attempt)
 
-    @torch.inference_mode()
     def part(self, batch: pa.Table) -> pa.Table:
         valid = pc.equal(batch.column("reason"), "").to_numpy(zero_copy_only=False)
         if "vector" in batch.column_names:
@@ -77,12 +77,19 @@ class EncodeActor:
             picked = batch.take(pa.array(todo, pa.int64()))
             titles, bodies = picked.column("title").to_pylist(), picked.column("text").to_pylist()
             texts = [embedded_text(title or "", text) for title, text in zip(titles, bodies, strict=True)]
-            docs = self.method.encode(self.encoder, texts, self.settings.cfg, self.settings.types)
+            docs = self.encode(texts)
             spans = {"chunk": docs.chunk, "start": docs.start, "end": docs.end, "tokens": docs.tokens}
             parts.append(part_rows(self.schema, rows_meta(batch, todo[docs.owner]), spans, docs.columns, True, attempt))
         if not parts:
             return self.schema.empty_table()
         return pa.concat_tables(parts)
+
+    def encode(self, texts: list[str]):
+        """The method's index rows for ``texts`` (no autograd)."""
+        import torch
+
+        with torch.inference_mode():
+            return self.method.encode(self.encoder, texts, self.settings.cfg, self.settings.types)
 
 
 def default_torch_threads(cfg: IndexJobConfig) -> int:

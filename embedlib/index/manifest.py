@@ -19,19 +19,35 @@ import re
 import time
 from datetime import datetime
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from embedlib import storage
+from embedlib.encoding.formats import QUANTIZATIONS
+from embedlib.index.columns import vector_bytes
 
 MANIFEST = "manifest.json"
 FORMAT = "embedlib-index/2"
 READABLE_FORMATS = ("embedlib-index/1", FORMAT)
 VERSION_DIR = re.compile(r"^v(\d{6})$")
 SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+# What readers use, by type: every readable manifest (formats 1 and 2 alike) has these fields...
+MANIFEST_FIELDS = {"format": str, "version": int, "path": str, "model": dict, "dim": int, "quantization": str,
+                   "index": dict, "shards": list}
+MODEL_FIELDS = {"source": str, "weights_hash": str}
+INDEX_FIELDS = {"type": str, "params": dict}
+SHARD_FIELDS = {"name": str, "rows": int, "parquet_sha256": str}
+# ... and each method adds its own (to the manifest, and to every shard entry).
+METHOD_FIELDS = {"dense": {}, "diffretriever": {"k_passage": int, "k_query": int, "top_terms": int}}
+METHOD_SHARD_FIELDS = {"dense": {}, "diffretriever": {"faiss_sha256": str, "postings_sha256": str}}
+KIND_NAMES = {int: "an integer", str: "a string", dict: "an object", list: "a list"}
 
 
 class ManifestError(ValueError):
-    """A missing or unreadable manifest; the message names the URL."""
+    """A missing, unreadable or malformed manifest, or a shard that disagrees with it; the message names the file
+    (credentials redacted)."""
 
 
 def version_name(version: int) -> str:
@@ -55,34 +71,101 @@ def encoding_key(
 def read_manifest(url: str) -> dict:
     """The manifest at ``url`` (an index root, a version folder, or a manifest file), with ``base`` set.
 
-    ``base`` is the folder the manifest's shard names are relative to.
+    ``base`` is the folder the manifest's shard names are relative to. A manifest without the fields and types
+    its readers use is refused (``check_schema``).
     """
     url = str(url).rstrip("/")
     manifest_url = url if url.endswith(".json") else storage.join(url, MANIFEST)
+    where = storage.redact_url(manifest_url)
     try:
-        manifest = json.loads(storage.read_bytes(manifest_url))
-    except FileNotFoundError as err:
-        raise ManifestError(f"{manifest_url}: no index manifest (nothing published at {url})") from err
-    except (OSError, json.JSONDecodeError) as err:
-        raise ManifestError(f"{manifest_url}: unreadable manifest ({err})") from err
-    if not isinstance(manifest, dict) or manifest.get("format") not in READABLE_FORMATS:
+        data = storage.read_bytes(manifest_url)
+    except FileNotFoundError:
+        raise ManifestError(f"{where}: no index manifest (nothing published at {storage.redact_url(url)})") from None
+    except Exception as err:  # noqa: BLE001 - any storage failure is reported with the (redacted) URL
         raise ManifestError(
-            f"{manifest_url}: not an embedlib index manifest (format "
-            f"{manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__!r})"
-        )
-    check_shard_names(manifest, manifest_url)
+            f"{where}: unreadable manifest ({type(err).__name__}: {storage.redact_text(str(err), manifest_url)})"
+        ) from None  # the cause's text may hold the URL's credentials
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ManifestError(f"{where}: unreadable manifest ({err})") from err
+    check_schema(manifest, where)
     root = manifest_url.rsplit("/", 1)[0]
     name = root.rsplit("/", 1)[-1]
     manifest["base"] = root if VERSION_DIR.match(name) else storage.join(root, manifest["path"])
     return manifest
 
 
-def check_shard_names(manifest: dict, manifest_url: str) -> None:
+def check_schema(manifest: object, where: str) -> None:
+    """Refuse (``ManifestError`` naming ``where``) a manifest that lacks a field its readers use or has one of the
+    wrong type: ``MANIFEST_FIELDS``, those of its method, and per shard a plain file name, a row count and a
+    sha256 checksum of each file."""
+    if not isinstance(manifest, dict) or manifest.get("format") not in READABLE_FORMATS:
+        raise ManifestError(
+            f"{where}: not an embedlib index manifest (format "
+            f"{manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__!r})"
+        )
+    check_fields(manifest, MANIFEST_FIELDS, where)
+    check_fields(manifest["model"], MODEL_FIELDS, where, "model")
+    check_fields(manifest["index"], INDEX_FIELDS, where, "index")
+    method = manifest.get("method", "dense")
+    if method not in METHOD_FIELDS:
+        raise ManifestError(f"{where}: method must be one of {tuple(METHOD_FIELDS)}, got {method!r}")
+    check_fields(manifest, METHOD_FIELDS[method], where)
+    if manifest["quantization"] not in QUANTIZATIONS:
+        raise ManifestError(f"{where}: quantization must be one of {QUANTIZATIONS}, got {manifest['quantization']!r}")
+    if not VERSION_DIR.match(manifest["path"]):
+        raise ManifestError(f"{where}: path {manifest['path']!r} is not a version folder name (vNNNNNN)")
+    if manifest["dim"] < 1:
+        raise ManifestError(f"{where}: dim must be >= 1, got {manifest['dim']}")
+    for number, entry in enumerate(manifest["shards"]):
+        check_shard_entry(entry, SHARD_FIELDS | METHOD_SHARD_FIELDS[method], where, f"shards[{number}]")
+
+
+def check_shard_entry(entry: object, fields: dict[str, type], where: str, label: str) -> None:
+    """One shard entry: ``fields`` with their types, a plain file name, rows >= 0, sha256 checksums."""
+    if not isinstance(entry, dict):
+        raise ManifestError(f"{where}: {label} must be an object, got {type(entry).__name__}")
+    check_fields(entry, fields, where, label)
+    check_shard_name(entry["name"], where)
+    if entry["rows"] < 0:
+        raise ManifestError(f"{where}: {label}.rows must be >= 0, got {entry['rows']}")
+    for key, value in entry.items():
+        if key.endswith("_sha256") and not (isinstance(value, str) and SHA256.match(value)):
+            raise ManifestError(f"{where}: {label}.{key} is not a sha256 checksum: {value!r}")
+
+
+def check_fields(value: dict, fields: dict[str, type], where: str, label: str = "") -> None:
+    """Every one of ``fields`` is in ``value`` with its type (``label`` names ``value`` inside the manifest)."""
+    for name, kind in fields.items():
+        if name not in value:
+            raise ManifestError(f"{where}: {label + ': ' if label else ''}missing field {name!r}")
+        found = value[name]
+        if not isinstance(found, kind) or (kind is int and isinstance(found, bool)):
+            raise ManifestError(
+                f"{where}: {label + '.' if label else ''}{name} must be {KIND_NAMES[kind]}, got {type(found).__name__}"
+            )
+
+
+def check_shard_name(name: str, where: str) -> None:
     """Shard names must be plain file names: a manifest never points outside its version folder."""
-    for entry in manifest.get("shards") or []:
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not SHARD_NAME.match(name):
-            raise ManifestError(f"{manifest_url}: shard name {name!r} is not a plain file name")
+    if not SHARD_NAME.match(name):
+        raise ManifestError(f"{where}: shard name {name!r} is not a plain file name")
+
+
+def check_shard_count(url: str, found: int, expected: int, what: str = "rows") -> None:
+    """A shard file (at ``url``) holds as many rows (or vectors) as its manifest entry says; else ``ManifestError``."""
+    if found != expected:
+        raise ManifestError(f"{storage.redact_url(url)}: {found} {what}, the manifest says {expected}")
+
+
+def check_vector_width(url: str, column: pa.ChunkedArray | pa.Array, expected: int, what: str) -> None:
+    """A shard file's stored vectors are ``expected`` bytes wide, as the manifest's ``what`` makes them."""
+    found = vector_bytes(column)
+    if found != expected:
+        raise ManifestError(
+            f"{storage.redact_url(url)}: vectors of {found} bytes, the manifest's {what} needs {expected}"
+        )
 
 
 def streamable(manifest: dict) -> bool:

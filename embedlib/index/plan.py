@@ -122,7 +122,8 @@ def check_model(model: str) -> None:
         fs, path = storage.filesystem(model)
         found = fs.isdir(path) and fs.isfile(f"{path.rstrip('/')}/config.json")
     except Exception as err:  # noqa: BLE001 - any storage failure is reported with the URL
-        raise ConfigError(f"model: cannot read {storage.redact_url(model)} ({type(err).__name__}: {err})") from err
+        raise ConfigError(f"model: cannot read {storage.redact_url(model)} ({type(err).__name__}: "
+                          f"{storage.redact_text(str(err), model)})") from None
     if not found:
         raise ConfigError(f"model: {storage.redact_url(model)} is not a checkpoint folder (no config.json there)")
 
@@ -143,7 +144,8 @@ def check_output(url: str) -> None:
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - a permission, network or path error: say so now, not after encoding
-        raise ConfigError(f"output: cannot write to {where} ({type(err).__name__}: {err})") from err
+        raise ConfigError(f"output: cannot write to {where} ({type(err).__name__}: "
+                          f"{storage.redact_text(str(err), url)})") from None
 
 
 def plan(cfg: IndexJobConfig, files: list[str]) -> BuildPlan:

@@ -70,7 +70,7 @@ def list_input_files(url: str, fmt: str = "auto") -> list[str]:
         raise
     except Exception as err:  # noqa: BLE001 - any filesystem failure is reported with the URL
         raise InputError(f"{where}: cannot list input ({type(err).__name__}: {storage.redact_text(str(err), url)})"
-                         ) from err
+                         ) from None  # the cause may quote the URL's credentials
     if not files:
         raise InputError(f"{where}: no {fmt if fmt != 'auto' else 'jsonl or parquet'} files found")
     return files
@@ -296,5 +296,5 @@ def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
             )
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
         raise InputError(f"{storage.redact_url(cfg.input)}: cannot read input ({type(err).__name__}: "
-                         f"{storage.redact_text(str(err), cfg.input)})") from err
+                         f"{storage.redact_text(str(err), cfg.input)})") from None
     return ds, files

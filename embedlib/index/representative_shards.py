@@ -20,6 +20,7 @@ import scipy.sparse as sp
 from embedlib import storage
 from embedlib.encoding.representative_tokens import RepresentativeTokens
 from embedlib.index.columns import column_matrix, sparse_matrix
+from embedlib.index.manifest import check_shard_count, check_vector_width
 from embedlib.search.hybrid import Candidates, DiffRetrieverIndex
 from embedlib.search.multivector import MultiVectorIndex
 from embedlib.search.sparse import SparseIndex
@@ -59,16 +60,21 @@ class RepresentativeShard:
         from embedlib.index.sharded import read_checked
 
         name, k, dim = entry["name"], manifest["k_passage"], manifest["dim"]
-        parquet = read_checked(storage.join(base, f"{name}.parquet"), entry["parquet_sha256"])
-        table = pq.read_table(io.BytesIO(parquet), columns=["id", "vector"])
+        url = storage.join(base, f"{name}.parquet")
+        table = pq.read_table(io.BytesIO(read_checked(url, entry["parquet_sha256"])), columns=["id", "vector"])
+        check_shard_count(url, table.num_rows, entry["rows"])
+        check_vector_width(url, table.column("vector"), k * dim * 4, f"k_passage {k} x dim {dim} float32")
         vectors = column_matrix(table.column("vector"), np.float32).reshape(-1, dim)
         offsets = np.arange(0, len(vectors) + 1, k, dtype=np.int64)
         params = manifest["index"]["params"]
-        raw = read_checked(storage.join(base, f"{name}.faiss"), entry["faiss_sha256"])
-        faiss_index = faiss.deserialize_index(np.frombuffer(raw, np.uint8))
+        faiss_url = storage.join(base, f"{name}.faiss")
+        faiss_index = faiss.deserialize_index(np.frombuffer(read_checked(faiss_url, entry["faiss_sha256"]), np.uint8))
+        check_shard_count(faiss_url, faiss_index.ntotal, len(vectors), "vectors")
         dense = MultiVectorIndex.from_arrays(vectors, offsets, faiss_index, params["factory"])
-        postings = read_checked(storage.join(base, f"{name}.postings.npz"), entry["postings_sha256"])
-        sparse = SparseIndex.from_postings(sp.load_npz(io.BytesIO(postings)), params["sparse_scale"])
+        postings_url = storage.join(base, f"{name}.postings.npz")
+        postings = sp.load_npz(io.BytesIO(read_checked(postings_url, entry["postings_sha256"])))
+        check_shard_count(postings_url, postings.shape[0], entry["rows"], "documents")
+        sparse = SparseIndex.from_postings(postings, params["sparse_scale"])
         return cls(table.column("id").to_pylist(), DiffRetrieverIndex(dense, sparse))
 
     def search(

@@ -25,7 +25,7 @@ from embedlib import storage
 from embedlib.encoding.formats import output_dtype, output_width
 from embedlib.index.columns import column_matrix
 from embedlib.index.faiss_shards import deserialize, flat_index, search_shard, top_k_candidates
-from embedlib.index.manifest import ManifestError, read_manifest
+from embedlib.index.manifest import ManifestError, check_shard_count, check_vector_width, read_manifest
 from embedlib.index.methods import manifest_method
 from embedlib.search.hybrid import Candidates, fuse_candidates
 
@@ -43,9 +43,13 @@ class IndexMismatchError(ValueError):
 
 
 def read_checked(url: str, sha256: str) -> bytes:
-    data = storage.read_bytes(url)
+    """A shard file's bytes, refused (``ManifestError``) when missing or not matching the manifest's checksum."""
+    try:
+        data = storage.read_bytes(url)
+    except FileNotFoundError:
+        raise ManifestError(f"{storage.redact_url(url)}: shard file missing (the manifest names it)") from None
     if hashlib.sha256(data).hexdigest() != sha256:
-        raise ManifestError(f"{url}: checksum does not match the manifest (corrupt or replaced shard)")
+        raise ManifestError(f"{storage.redact_url(url)}: checksum does not match the manifest (corrupt or replaced shard)")
     return data
 
 
@@ -62,21 +66,17 @@ class Shard:
     def load(cls, base: str, entry: dict, manifest: dict) -> Shard:
         """Read one shard of ``manifest`` from storage, checking both files against their checksums."""
         quantization = manifest["quantization"]
-        table = pq.read_table(
-            io.BytesIO(read_checked(storage.join(base, f"{entry['name']}.parquet"), entry["parquet_sha256"])),
-            columns=["id", "vector"],
-        )
+        url = storage.join(base, f"{entry['name']}.parquet")
+        table = pq.read_table(io.BytesIO(read_checked(url, entry["parquet_sha256"])), columns=["id", "vector"])
+        width, dtype = output_width(manifest["dim"], quantization), output_dtype(quantization)
+        check_shard_count(url, table.num_rows, entry["rows"])
+        check_vector_width(url, table.column("vector"), width * dtype.itemsize, f"dim {manifest['dim']} {quantization}")
         ids = table.column("id").to_pylist()
-        width = output_width(manifest["dim"], quantization)
-        vectors = (
-            column_matrix(table.column("vector"), output_dtype(quantization))
-            if ids
-            else np.zeros((0, width), output_dtype(quantization))
-        )
+        vectors = column_matrix(table.column("vector"), dtype) if ids else np.zeros((0, width), dtype)
         if "faiss_sha256" in entry:
-            index = deserialize(
-                read_checked(storage.join(base, f"{entry['name']}.faiss"), entry["faiss_sha256"]), quantization
-            )
+            faiss_url = storage.join(base, f"{entry['name']}.faiss")
+            index = deserialize(read_checked(faiss_url, entry["faiss_sha256"]), quantization)
+            check_shard_count(faiss_url, index.ntotal, entry["rows"], "vectors")
         else:  # flat shards store no FAISS file: the index is made from the stored vectors
             index = flat_index(vectors, quantization)
         return cls(ids, vectors, index, quantization, manifest["index"]["type"], manifest["index"]["params"])
@@ -144,6 +144,11 @@ class ShardedIndex:
     def method(self) -> str:
         return manifest_method(self.manifest).name
 
+    @property
+    def location(self) -> str:
+        """Where the open version is, as messages show it (credentials redacted)."""
+        return storage.redact_url(self.manifest["base"])
+
     def load_encoder(self, path_or_url: str):
         """The query encoder for this index's method, loaded from ``path_or_url``."""
         return manifest_method(self.manifest).query_encoder(path_or_url, self.manifest)
@@ -172,16 +177,16 @@ class ShardedIndex:
         model = self.manifest["model"]
         if weights_hash is not None and weights_hash != model["weights_hash"]:
             raise IndexMismatchError(
-                f"index {self.manifest['base']} was built with model {model['source']} (weights "
+                f"index {self.location} was built with model {model['source']} (weights "
                 f"{model['weights_hash'][:12]}), queries come from weights {weights_hash[:12]}"
             )
         if quantization is not None and quantization != self.quantization:
             raise IndexMismatchError(
-                f"index {self.manifest['base']} holds {self.quantization} vectors, queries are {quantization}"
+                f"index {self.location} holds {self.quantization} vectors, queries are {quantization}"
             )
         if dim is not None and dim != self.dim:
             raise IndexMismatchError(
-                f"index {self.manifest['base']} has dim {self.dim}, queries have dim {dim}"
+                f"index {self.location} has dim {self.dim}, queries have dim {dim}"
             )
 
     def set_encoder(self, encoder) -> None:
@@ -216,7 +221,7 @@ class ShardedIndex:
             )
         ):
             raise IndexMismatchError(
-                f"index {self.manifest['base']} is {self.quantization} with dim {self.dim}: query vectors must be "
+                f"index {self.location} is {self.quantization} with dim {self.dim}: query vectors must be "
                 f"{kind} with {width} columns, got {queries.dtype} with shape {queries.shape}"
             )
         return queries
@@ -242,7 +247,7 @@ class ShardedIndex:
     def search_representative(self, queries, k: int, **options) -> tuple[np.ndarray, list[list[str | None]]]:
         """DiffRetriever search (texts or ``RepresentativeTokens``; ``mode`` dense, sparse or hybrid)."""
         if not manifest_method(self.manifest).multi_vector:
-            raise IndexMismatchError(f"index {self.manifest['base']} is a {self.method} index, not diffretriever")
+            raise IndexMismatchError(f"index {self.location} is a {self.method} index, not diffretriever")
         return self.search(queries, k, **options)
 
 

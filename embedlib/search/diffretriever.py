@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embedlib import storage
 from embedlib.encoding.representative_tokens import (
     DEFAULT_K_PASSAGE,
     DEFAULT_K_QUERY,
@@ -101,7 +102,7 @@ class DiffRetrieverSystem:
     def describe(self) -> dict:
         return {
             "kind": self.kind,
-            "source": str(self.encoder.lm.source),
+            "source": storage.redact_url(self.encoder.lm.source),
             "format": self.encoder.lm.format,
             **vars(self.settings),
             "router": None

@@ -153,7 +153,7 @@ class MultiVectorIndex:
         index = cls.from_arrays(arrays["vectors"], arrays["offsets"], faiss.deserialize_index(raw), meta["factory"])
         if index.faiss.ntotal != meta["vectors"] or len(index) != meta["docs"]:
             raise ValueError(
-                f"{url}: index holds {index.faiss.ntotal} vectors / {len(index)} docs, "
+                f"{storage.redact_url(url)}: index holds {index.faiss.ntotal} vectors / {len(index)} docs, "
                 f"{META_FILE} says {meta['vectors']} / {meta['docs']}"
             )
         return index

@@ -111,7 +111,7 @@ class SparseIndex:
         index = cls.from_postings(postings, meta["scale"])
         if index.postings.nnz != meta["postings"] or len(index) != meta["docs"]:
             raise ValueError(
-                f"{url}: postings file holds {index.postings.nnz} postings / {len(index)} docs, "
+                f"{storage.redact_url(url)}: postings file holds {index.postings.nnz} postings / {len(index)} docs, "
                 f"{META_FILE} says {meta['postings']} / {meta['docs']}"
             )
         return index

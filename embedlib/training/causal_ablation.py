@@ -11,9 +11,14 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForCausalLM
 
-from embedlib import storage
 from embedlib.encoding.encoder import Encoder
-from embedlib.models.loading import Backbone, checkpoint_max_length, load_tokenizer, read_checkpoint_config
+from embedlib.models.loading import (
+    Backbone,
+    checkpoint_folder,
+    checkpoint_max_length,
+    load_tokenizer,
+    read_checkpoint_config,
+)
 
 
 def load_causal_backbone(
@@ -21,7 +26,7 @@ def load_causal_backbone(
 ) -> Backbone:
     """A stock (causal) decoder checkpoint as it is: ``AutoModelForCausalLM`` or ``AutoModel``."""
     source = str(path_or_url)
-    folder = storage.local_dir(source)
+    folder = checkpoint_folder(source)
     config = read_checkpoint_config(folder, source)
     model_cls = AutoModelForCausalLM if with_lm_head else AutoModel
     model = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")

@@ -8,8 +8,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
-from embedlib import storage
-from embedlib.config import ConfigError, from_dict
+from embedlib.config import ConfigError, from_dict, naming_file, read_yaml
 
 Stage = Literal["pretrain", "pair", "contextual", "triplet", "diffretriever"]
 STAGES: tuple[str, ...] = get_args(Stage)
@@ -142,15 +141,17 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Read a YAML training config (any fsspec URL), apply ``overrides`` (dotted keys), validate."""
-    values = yaml.safe_load(storage.read_bytes(path_or_url)) or {}
+    """Read a YAML training config (any fsspec URL), apply ``overrides`` (dotted keys), validate; a
+    ``ConfigError`` names the file and the field."""
+    values = read_yaml(path_or_url)
     for dotted, value in (overrides or {}).items():
         target = values
         *parents, last = dotted.split(".")
         for part in parents:
             target = target.setdefault(part, {})
         target[last] = value
-    return from_dict(TrainConfig, values)
+    with naming_file(path_or_url):
+        return from_dict(TrainConfig, values)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -181,4 +182,7 @@ class MergeConfig:
 
 
 def load_merge_config(path_or_url: str) -> MergeConfig:
-    return from_dict(MergeConfig, yaml.safe_load(storage.read_bytes(path_or_url)) or {})
+    """Read and validate a YAML merge config; a ``ConfigError`` names the file and the field."""
+    values = read_yaml(path_or_url)
+    with naming_file(path_or_url):
+        return from_dict(MergeConfig, values)

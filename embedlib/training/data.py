@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from embedlib import storage
 from embedlib.encoding.formats import similarity
+from embedlib.errors import UserError
 from embedlib.eval.beir import BeirDataset
 from embedlib.search.bm25 import BM25Index
 
@@ -44,7 +45,7 @@ def row_format(stage: str, hard_negatives: int) -> str:
     return stage
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Training data that cannot be used; the message names the URL and what is wrong."""
 
 

@@ -92,6 +92,9 @@ def make_engine(module: torch.nn.Module, cfg: TrainConfig, steps: int):
     engine, _, _, _ = deepspeed.initialize(
         model=module, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg)
     )
+    from embedlib.training.safe_checkpoint import use_weights_only_loading
+
+    use_weights_only_loading(engine)  # resuming never unpickles code from the checkpoint location
     return engine
 
 
@@ -114,9 +117,18 @@ def count_tokens(batch) -> int:
 
 
 def restore(engine, checkpoint) -> tuple[int, list[dict]]:
-    """Load a Ray Train checkpoint into ``engine``; returns ``(step, history)``."""
+    """Load a Ray Train checkpoint into ``engine``; returns ``(step, history)``.
+
+    Files are read with ``weights_only=True`` (``make_engine``): one holding anything but tensors and plain data
+    is refused with ``UnsafeCheckpointError``, naming it at the checkpoint's own location.
+    """
+    from embedlib.training.safe_checkpoint import UnsafeCheckpointError
+
     with checkpoint.as_directory() as folder:
-        engine.load_checkpoint(folder, tag="state", load_module_strict=False)
+        try:
+            engine.load_checkpoint(folder, tag="state", load_module_strict=False)
+        except UnsafeCheckpointError as err:  # name the file where it is stored, not in a temporary download
+            raise UnsafeCheckpointError(str(err).replace(str(folder), storage.redact_url(checkpoint.path), 1)) from None
         state = json.loads((Path(folder) / STATE_FILE).read_text())
     return int(state["step"]), state["history"]
 
