@@ -25,9 +25,12 @@ from embedlib.index import (
     IndexMismatchError,
     InputError,
     ShardedIndex,
+    StorageLostDataError,
     build_index,
 )
+from embedlib.index.build import assemble_version, configure_ray_data, encode
 from embedlib.index.columns import column_matrix
+from embedlib.index.plan import check_locations, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,14 +66,41 @@ def model(tiny_models) -> Path:
     return tiny_models["pplx-embed"]
 
 
+def staged_run(cfg: IndexJobConfig):
+    """The first two steps of a build (plan, encode), as a job killed before assembling leaves them."""
+    configure_ray_data(cfg)
+    run = plan(cfg, check_locations(cfg))
+    totals, _ = encode(run)
+    return run, totals
+
+
+def part_files(run) -> list[str]:
+    fs, path = storage.filesystem(run.parts)
+    return sorted(p for p in fs.ls(path, detail=False) if p.endswith(".parquet")) if fs.exists(path) else []
+
+
 def test_s3_corpus_to_s3_index_every_id_once_and_no_credentials(ray_cluster, s3_bucket, model):
+    """On S3: lost staging parts fail loudly, the rerun resumes from the parts that are left, every id once."""
     rows = cranfield_rows(250)
     storage.write_bytes_atomic(f"{s3_bucket}/corpus/part-0.jsonl", jsonl_bytes(rows[:120]))
     storage.write_bytes_atomic(f"{s3_bucket}/corpus/part-1.jsonl", jsonl_bytes(rows[120:]))
     output = f"{s3_bucket}/index"
-    summary = build_index(config(f"{s3_bucket}/corpus", output, model))
+    cfg = config(f"{s3_bucket}/corpus", output, model, batch_rows=64)
+    run, totals = staged_run(cfg)
+    parts = part_files(run)
+    assert len(parts) >= 2 and totals["docs"] == 250
+    fs, _ = storage.filesystem(run.parts)
+    with fs.open(parts[0], "rb") as f:
+        lost = pq.ParquetFile(f).metadata.num_rows
+    fs.rm(parts[0])  # storage loses a part between the steps (an object store restarted empty, say)
+    with pytest.raises(StorageLostDataError, match=rf"index/_staging/.*wrote 250 valid documents there, but {250 - lost}"):
+        assemble_version(run, totals)
+    assert not storage.exists(f"{output}/manifest.json")
 
-    assert (summary.docs_in, summary.embedded, summary.rejected, summary.shards) == (250, 250, 0, 3)
+    summary = build_index(cfg)  # finds the remaining parts on S3 and encodes only the lost rows
+    assert (summary.docs_in, summary.rejected, summary.shards) == (250, 0, 3)
+    assert (summary.embedded, summary.carried_over) == (lost, 250 - lost)
+    assert not part_files(run)
     ids = all_ids(output)
     assert sorted(ids) == sorted(r["_id"] for r in rows)
     index = ShardedIndex.open(output)
