@@ -180,34 +180,46 @@ def rows_table(records: list[tuple], max_chars: int) -> dict[str, np.ndarray]:
 
 
 def parse_jsonl_files(
-    batch: dict[str, np.ndarray], id_column: str, text_column: str, title_column: str | None, max_chars: int
-) -> dict[str, np.ndarray]:
-    """One jsonl file's bytes -> checked rows (one per non-blank line; see ``jsonl_bytes``)."""
-    records = []
+    batch: dict[str, np.ndarray],
+    id_column: str,
+    text_column: str,
+    title_column: str | None,
+    max_chars: int,
+    batch_rows: int,
+):
+    """jsonl files' bytes -> checked rows (one per non-blank line; see ``jsonl_bytes``), ``batch_rows`` at a
+    time: a large file becomes many blocks, which the encoder actors share."""
     for data, path in zip(batch["bytes"], batch["path"], strict=True):
         try:
             data = jsonl_bytes(bytes(data))
         except (OSError, EOFError) as err:  # a corrupt gzip file: one reject for the whole file
-            records.append((None, None, None, path, 0, f"unreadable gzip ({err})"))
+            yield rows_table([(None, None, None, path, 0, f"unreadable gzip ({err})")], max_chars)
             continue
+        records = []
         for number, line in enumerate(data.split(b"\n"), start=1):
-            if not line.strip():
-                continue
-            try:
-                decoded = line.decode("utf-8")
-            except UnicodeDecodeError:
-                row = try_json(line.decode("utf-8", errors="replace")) or {}
-                raw_id = row.get(id_column)
-                records.append((raw_id if isinstance(raw_id, str) else None, None, None, path, number,
-                                "undecodable bytes"))
-                continue
-            row = try_json(decoded)
-            if row is None:
-                records.append((None, None, None, path, number, "invalid json"))
-                continue
-            title = row.get(title_column) if title_column else None
-            records.append((row.get(id_column), title, row.get(text_column), path, number, None))
-    return rows_table(records, max_chars)
+            if line.strip():
+                records.append(jsonl_record(line, path, number, id_column, text_column, title_column))
+            if len(records) == batch_rows:
+                yield rows_table(records, max_chars)
+                records = []
+        if records:
+            yield rows_table(records, max_chars)
+
+
+def jsonl_record(line: bytes, path: str, number: int, id_column: str, text_column: str,
+                 title_column: str | None) -> tuple:
+    """``(raw_id, title, text, source, line, reason_or_None)`` for one jsonl line."""
+    try:
+        decoded = line.decode("utf-8")
+    except UnicodeDecodeError:
+        row = try_json(line.decode("utf-8", errors="replace")) or {}
+        raw_id = row.get(id_column)
+        return raw_id if isinstance(raw_id, str) else None, None, None, path, number, "undecodable bytes"
+    row = try_json(decoded)
+    if row is None:
+        return None, None, None, path, number, "invalid json"
+    title = row.get(title_column) if title_column else None
+    return row.get(id_column), title, row.get(text_column), path, number, None
 
 
 def jsonl_bytes(data: bytes) -> bytes:
@@ -282,7 +294,7 @@ def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
                 batch_size=1,
                 batch_format="numpy",
                 num_cpus=READ_CPUS,
-                fn_kwargs=dict(id_column=cfg.id_column or "_id", **kwargs),
+                fn_kwargs=dict(id_column=cfg.id_column or "_id", batch_rows=cfg.batch_rows, **kwargs),
             )
         else:
             ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
