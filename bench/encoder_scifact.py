@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from embedlib import Encoder
+from embedlib.data import default_model_path
 from embedlib.encoding.formats import similarity
 from embedlib.encoding.quantize import quantize
 from embedlib.eval.beir import load_beir
 from embedlib.eval.metrics import evaluate_run, run_from_topk
-from embedlib.models.loading import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_file import Result
 
+from embedlib.data import default_model_path
 from embedlib.encoding.encoder import Encoder
 from embedlib.encoding.formats import cosine_similarity
 from embedlib.eval.beir import load_beir
 from embedlib.eval.metrics import evaluate_run, run_from_topk
 from embedlib.index import IndexJobConfig, ShardedIndex, build_index
-from embedlib.models.loading import default_model_path
 
 SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
 

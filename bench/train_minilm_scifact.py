@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import ray
 import torch
 
+from embedlib.data import default_model_path
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import load_beir
-from embedlib.models.loading import default_model_path
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.data import beir_pairs, mine_bm25_negatives, write_rows
 from embedlib.training.evaluate import retrieval_scores

@@ -80,6 +80,11 @@ def is_secret_parameter(name: str) -> bool:
     return name in SECRET_QUERY_KEYS or name.endswith(SECRET_QUERY_SUFFIXES)
 
 
+def error_text(err: BaseException, url: str | os.PathLike) -> str:
+    """``"<ErrorType>: <message>"`` for a storage error about ``url``, with the URL's secrets masked."""
+    return f"{type(err).__name__}: {redact_text(str(err), url)}"
+
+
 def is_local(url: str | os.PathLike) -> bool:
     """True for plain paths and file:// URLs."""
     url = str(url)

@@ -18,11 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
 from embedlib.config import read_yaml  # noqa: E402
+from embedlib.data import resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.eval.job import EvalConfig, run_evaluation  # noqa: E402
 from embedlib.eval.report import report_markdown  # noqa: E402
 from embedlib.eval.systems import model_name  # noqa: E402
-from embedlib.models.loading import resolve_model  # noqa: E402
 
 
 def comma_list(kind):

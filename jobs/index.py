@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
 from embedlib.config import read_yaml  # noqa: E402
-from embedlib.data import SAMPLE_DATASET  # noqa: E402
+from embedlib.data import SAMPLE_DATASET, resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.index.config import IndexJobConfig  # noqa: E402
 
@@ -77,8 +77,6 @@ def config_from_args(args: argparse.Namespace) -> IndexJobConfig:
         values["show_progress"] = False
     cfg = IndexJobConfig.from_dict(values)
     if cfg.model:
-        from embedlib.models.loading import resolve_model  # torch: after the config is known to be valid
-
         cfg.model = resolve_model(cfg.model)
     return cfg
 

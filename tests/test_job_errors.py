@@ -115,7 +115,7 @@ def load_job(name: str):
 
 
 def test_the_default_model_is_nameable_by_its_name():
-    from embedlib.models.loading import DEFAULT_MODEL_NAME, default_model_path
+    from embedlib.data import DEFAULT_MODEL_NAME, default_model_path
 
     index, evaluate = load_job("index"), load_job("evaluate")
     cfg = index.config_from_args(index.parse_args(["--model", DEFAULT_MODEL_NAME]))

@@ -207,8 +207,8 @@ def test_index_job_submitted_with_ray_job_submit(head_node, tmp_path):
     assert "24 docs in, 24 embedded" in log and "Traceback" not in log, log[-6000:]
     print(f"ray job submit: {time.monotonic() - started:.1f} s")
 
+    from embedlib.data import default_model_path
     from embedlib.index import ShardedIndex
-    from embedlib.models.loading import default_model_path
 
     index = ShardedIndex.open(str(output))
     assert len(index) == 24

@@ -83,7 +83,7 @@ def read_manifest(url: str) -> dict:
         raise ManifestError(f"{where}: no index manifest (nothing published at {storage.redact_url(url)})") from None
     except Exception as err:  # noqa: BLE001 - any storage failure is reported with the (redacted) URL
         raise ManifestError(
-            f"{where}: unreadable manifest ({type(err).__name__}: {storage.redact_text(str(err), manifest_url)})"
+            f"{where}: unreadable manifest ({storage.error_text(err, manifest_url)})"
         ) from None  # the cause's text may hold the URL's credentials
     try:
         manifest = json.loads(data)

@@ -16,6 +16,7 @@ import ray
 
 from embedlib import storage
 from embedlib.config import ConfigError
+from embedlib.data import default_model_path
 from embedlib.index import manifest as manifests
 from embedlib.index.columns import hash_hex
 from embedlib.index.config import IndexJobConfig
@@ -111,8 +112,6 @@ def input_files(cfg: IndexJobConfig) -> list[str]:
 
 
 def model_location(cfg: IndexJobConfig) -> str:
-    from embedlib.models.loading import default_model_path
-
     return cfg.model or str(default_model_path())
 
 
@@ -122,8 +121,8 @@ def check_model(model: str) -> None:
         fs, path = storage.filesystem(model)
         found = fs.isdir(path) and fs.isfile(f"{path.rstrip('/')}/config.json")
     except Exception as err:  # noqa: BLE001 - any storage failure is reported with the URL
-        raise ConfigError(f"model: cannot read {storage.redact_url(model)} ({type(err).__name__}: "
-                          f"{storage.redact_text(str(err), model)})") from None
+        raise ConfigError(f"model: cannot read {storage.redact_url(model)} "
+                          f"({storage.error_text(err, model)})") from None
     if not found:
         raise ConfigError(f"model: {storage.redact_url(model)} is not a checkpoint folder (no config.json there)")
 
@@ -144,8 +143,8 @@ def check_output(url: str) -> None:
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - a permission, network or path error: say so now, not after encoding
-        raise ConfigError(f"output: cannot write to {where} ({type(err).__name__}: "
-                          f"{storage.redact_text(str(err), url)})") from None
+        raise ConfigError(f"output: cannot write to {where} "
+                          f"({storage.error_text(err, url)})") from None
 
 
 def plan(cfg: IndexJobConfig, files: list[str]) -> BuildPlan:

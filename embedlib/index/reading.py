@@ -69,7 +69,7 @@ def list_input_files(url: str, fmt: str = "auto") -> list[str]:
     except InputError:
         raise
     except Exception as err:  # noqa: BLE001 - any filesystem failure is reported with the URL
-        raise InputError(f"{where}: cannot list input ({type(err).__name__}: {storage.redact_text(str(err), url)})"
+        raise InputError(f"{where}: cannot list input ({storage.error_text(err, url)})"
                          ) from None  # the cause may quote the URL's credentials
     if not files:
         raise InputError(f"{where}: no {fmt if fmt != 'auto' else 'jsonl or parquet'} files found")
@@ -307,6 +307,6 @@ def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
                                filesystem_url=cfg.input, **kwargs),
             )
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
-        raise InputError(f"{storage.redact_url(cfg.input)}: cannot read input ({type(err).__name__}: "
-                         f"{storage.redact_text(str(err), cfg.input)})") from None
+        raise InputError(f"{storage.redact_url(cfg.input)}: cannot read input "
+                         f"({storage.error_text(err, cfg.input)})") from None
     return ds, files

