@@ -205,7 +205,7 @@ def test_killed_run_resumes_without_reencoding_finished_parts(ray_cluster, tmp_p
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
     assert not (output / "manifest.json").exists(), "the job finished before it could be killed"
-    finished = sum(pq.read_metadata(p).num_rows for p in staging.rglob("*.parquet"))
+    finished = settled_rows(staging)
     assert 0 < finished < len(rows)
 
     summary = build_index(config(corpus, str(output), model, batch_rows=8))
@@ -213,6 +213,20 @@ def test_killed_run_resumes_without_reencoding_finished_parts(ray_cluster, tmp_p
     assert summary.embedded == len(rows) - finished
     assert sorted(all_ids(str(output))) == sorted(r["_id"] for r in rows)
     assert not staging.exists() or not list(staging.rglob("*.parquet"))
+
+
+def settled_rows(staging: Path, quiet_seconds: float = 3.0) -> int:
+    """Rows in the staging parts once none has appeared for ``quiet_seconds``: Ray stops a dead driver's
+    encoder actors a moment after the driver, and an actor may finish the part it was writing."""
+    def rows() -> int:
+        return sum(pq.read_metadata(p).num_rows for p in staging.rglob("*.parquet"))
+
+    seen, since = rows(), time.time()
+    while time.time() - since < quiet_seconds:
+        time.sleep(0.2)
+        if (now := rows()) != seen:
+            seen, since = now, time.time()
+    return seen
 
 
 def write_yaml(folder: Path, **values) -> Path:
