@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from embedlib import storage
 from embedlib.encoding.formats import QUANTIZATIONS
+from embedlib.errors import UserError
 from embedlib.index.columns import vector_bytes
 
 MANIFEST = "manifest.json"
@@ -45,7 +46,7 @@ METHOD_SHARD_FIELDS = {"dense": {}, "diffretriever": {"faiss_sha256": str, "post
 KIND_NAMES = {int: "an integer", str: "a string", dict: "an object", list: "a list"}
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     """A missing, unreadable or malformed manifest, or a shard that disagrees with it; the message names the file
     (credentials redacted)."""
 

@@ -23,6 +23,7 @@ import ray
 
 from embedlib import storage
 from embedlib.encoding.formats import output_dtype, output_width
+from embedlib.errors import UserError
 from embedlib.index.columns import column_matrix
 from embedlib.index.faiss_shards import deserialize, flat_index, search_shard, top_k_candidates
 from embedlib.index.manifest import ManifestError, check_shard_count, check_vector_width, read_manifest
@@ -38,7 +39,7 @@ RAY_THRESHOLD_ROWS = 5_000_000  # above this many rows, shards are served by Ray
 SHARD_ACTOR_CPUS = 0.1
 
 
-class IndexMismatchError(ValueError):
+class IndexMismatchError(UserError, ValueError):
     """Queries made by another model, quantization or width than the index; the message says which."""
 
 
