@@ -78,7 +78,7 @@ def configure_ray_data(cfg: IndexJobConfig) -> None:
 def encode(run: BuildPlan) -> tuple[Counter, float]:
     """Write every input row once into staging parts (see ``encode_stage``); returns this run's part counts."""
     started = time.perf_counter()
-    rows, _ = read_rows(run.cfg)
+    rows = read_rows(run.cfg, run.files)
     partitions = shuffle_partitions(run)
     if run.resumed:  # a killed run over the same input left finished parts: skip their rows
         done = read_parquet(run.parts, ["source", "line"])

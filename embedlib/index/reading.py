@@ -279,9 +279,9 @@ def input_snapshot(url: str, files: list[str]) -> dict:
     return {"files": entries, "sha256": digest}
 
 
-def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
-    """A Ray dataset of checked rows (``ROW_COLUMNS``) and the input files it reads."""
-    files = list_input_files(cfg.input, cfg.input_format)
+def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
+    """A Ray dataset of the checked rows (``ROW_COLUMNS``) of ``files``, the input's files as the plan listed
+    (and snapshotted) them."""
     fmt = input_format(cfg, files)
     filesystem = ray_filesystem(cfg.input)
     kwargs = dict(text_column=cfg.text_column, title_column=cfg.title_column, max_chars=cfg.max_text_chars)
@@ -309,4 +309,4 @@ def read_rows(cfg: IndexJobConfig) -> tuple[ray.data.Dataset, list[str]]:
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
         raise InputError(f"{storage.redact_url(cfg.input)}: cannot read input "
                          f"({storage.error_text(err, cfg.input)})") from None
-    return ds, files
+    return ds
