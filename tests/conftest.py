@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(ROOT / "bench"))  # local_cluster: the multi-node helper shared with the benches
 
 
 def _free_port() -> int:
@@ -86,14 +88,40 @@ def s3_bucket(s3_endpoint, request) -> str:
     return f"s3://{name}"
 
 
-@pytest.fixture(scope="session")
-def ray_cluster(s3_endpoint):
-    """A local Ray instance on 2 CPUs without the dashboard, shared by the whole session."""
+def init_single_node_ray():
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    return ray
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_endpoint):
+    """A local Ray instance on 2 CPUs without the dashboard, shared by the whole session."""
+    ray = init_single_node_ray()
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def multinode_cluster(s3_endpoint):
+    """A real 3-node Ray cluster (head + ``node-0`` + ``node-1``, each its own raylet and object store).
+
+    The driver connects to it for the module; afterwards the session's single-node Ray is restored, so tests
+    after this module see the same Ray as before.
+    """
+    import ray
+    from local_cluster import start_local_cluster
+
+    was_initialized = ray.is_initialized()
+    ray.shutdown()
+    cluster = start_local_cluster()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+    if was_initialized:
+        init_single_node_ray()
 
 
 def write_beir_subset(source: Path, target: Path, n_queries: int, n_extra_docs: int, split: str = "test") -> Path:
