@@ -114,3 +114,15 @@ def test_a_missing_text_column_fails_before_any_work(tmp_path, tiny_models):
     with pytest.raises(InputError, match=r"no column 'text' in c.parquet \(columns: id, body\).*--text-column"):
         build_index(IndexJobConfig(input=str(corpus), output=str(tmp_path / "i"), model=str(tiny_models["bert"])))
     assert not (tmp_path / "i").exists()
+
+
+def test_one_big_file_is_cut_into_batch_rows_blocks_so_every_encoder_actor_gets_work(ray_cluster, tmp_path):
+    """Ray Data merges a read task's output into one block of up to 128 MiB, and a block goes to one actor."""
+    from embedlib.index.reading import read_rows
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"text {i}"}) + "\n" for i in range(60)))
+    cfg = IndexJobConfig(input=str(corpus), output=str(tmp_path / "i"), batch_rows=8, show_progress=False)
+    per_block = read_rows(cfg, [str(corpus)]).map_batches(lambda b: {"rows": [len(b["id"])]}, batch_size=None)
+    sizes = [row["rows"] for row in per_block.iter_rows()]
+    assert sum(sizes) == 60 and max(sizes) <= 8 and len(sizes) >= 8, sizes

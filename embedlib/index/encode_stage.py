@@ -106,7 +106,7 @@ def encode_to_parts(
         EncodeActor,
         batch_format="pyarrow",
         batch_size=cfg.batch_rows,
-        compute=ray.data.ActorPoolStrategy(size=cfg.actors),
+        compute=ray.data.ActorPoolStrategy(size=cfg.actors, max_tasks_in_flight_per_actor=2),
         num_cpus=cfg.cpus_per_actor,
         num_gpus=cfg.gpus_per_actor,
         fn_constructor_kwargs=dict(

@@ -309,4 +309,6 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
         raise InputError(f"{storage.redact_url(cfg.input)}: cannot read input "
                          f"({storage.error_text(err, cfg.input)})") from None
-    return ds
+    # Ray Data merges a task's output batches into blocks of up to 128 MiB, and one block goes to one encoder
+    # actor: cut them back to ``batch_rows`` rows (streaming, no shuffle) so that every actor gets work.
+    return ds.repartition(target_num_rows_per_block=cfg.batch_rows)
