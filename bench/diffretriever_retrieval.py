@@ -22,7 +22,7 @@ import torch
 from embedlib.encoding.formats import embedded_text
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder, RepresentativeTokens
 from embedlib.eval.beir import BeirDataset, load_beir
-from embedlib.eval.metrics import evaluate_run, run_from_topk
+from embedlib.eval.metrics import evaluate_run, run_from_hits
 from embedlib.search.adaptive_k import KRouter, UnigramModel, budget_report
 from embedlib.search.bm25 import BM25Index
 from embedlib.search.hybrid import MODES, DiffRetrieverIndex, exhaustive_scores
@@ -61,8 +61,7 @@ def subset(dataset: BeirDataset, extra: BeirDataset | None, max_docs: int | None
 
 
 def evaluate(qrels, query_ids, doc_ids, scores: np.ndarray) -> tuple[dict, dict]:
-    positions, best = top_k(scores, 100)
-    return evaluate_run(qrels, run_from_topk(query_ids, doc_ids, positions, best), k_values=(10, 100))
+    return evaluate_run(qrels, run_from_hits(query_ids, top_k(scores, 100).named(doc_ids)), k_values=(10, 100))
 
 
 def per_query(per: dict, query_ids: list[str]) -> np.ndarray:
@@ -102,9 +101,8 @@ def main() -> None:
 
     results: dict[str, dict] = {}
     bm25 = BM25Index(doc_ids, texts)
-    positions, scores = bm25.search(query_texts, 100)
     results["BM25 (reference)"] = evaluate_run(
-        test.qrels, run_from_topk(query_ids, doc_ids, positions, scores), k_values=(10, 100)
+        test.qrels, run_from_hits(query_ids, bm25.search(query_texts, 100)), k_values=(10, 100)
     )[0]
     per_query_dense: dict[int, np.ndarray] = {}
     for kq, kp in ((1, 1), (4, 16), (1, 16), (16, 16)):
@@ -122,10 +120,8 @@ def main() -> None:
 
     # Index path (FAISS multi-vector + integer inverted index) for the published setting K_q=4, K_p=16.
     index = DiffRetrieverIndex.build(docs[16])
-    index_positions, index_scores = index.search(query_tokens[4], 100, mode="hybrid", candidates=200)
-    index_means = evaluate_run(
-        test.qrels, run_from_topk(query_ids, doc_ids, index_positions, index_scores), k_values=(10, 100)
-    )[0]
+    found = index.search(query_tokens[4], 100, mode="hybrid", candidates=200).named(doc_ids)
+    index_means = evaluate_run(test.qrels, run_from_hits(query_ids, found), k_values=(10, 100))[0]
     storage = index.bytes_per_doc()
     print(
         f"\nindexed hybrid K_q=4 K_p=16 (candidates 200 per side): nDCG@10 {index_means['ndcg@10']:.4f}; "

@@ -18,16 +18,12 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_shapes import H200_BF16_DENSE_TFLOPS, QWEN3_0_6B_SHAPE
 
 from embedlib.data import sample_corpus_texts
 from embedlib.encoding.quantize import mean_pool, quantize_int8
 from embedlib.models.loading import load_backbone
-from embedlib.models.tiny import (
-    H200_BF16_DENSE_TFLOPS,
-    QWEN3_0_6B_SHAPE,
-    TINY_QWEN3_SHAPE,
-    make_tiny_checkpoint,
-)
+from embedlib.models.tiny import TINY_QWEN3_SHAPE, make_tiny_checkpoint
 
 
 def forward_flops_per_doc(shape: dict, seq: int) -> float:

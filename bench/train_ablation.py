@@ -17,15 +17,14 @@ import random
 import time
 from pathlib import Path
 
-from train_common import plain_loop
+from train_common import plain_loop, retrieval_scores
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import load_beir
 from embedlib.models.tiny import make_tiny_checkpoint
-from embedlib.training.causal_ablation import LastTokenEncoder
+from embedlib.training.causal_ablation import load_causal_backbone
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.data import beir_pairs, text_rows
-from embedlib.training.evaluate import retrieval_scores
 from embedlib.training.plots import loss_curves_png
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -85,7 +84,7 @@ def main() -> None:
         trained = work / f"{tag}-pair"
         curves[name] = plain_loop(config("pair", pretrained, trained, causal, args.pair_steps, args), pairs)
         encoder = (
-            LastTokenEncoder.from_pretrained(trained)
+            Encoder(load_causal_backbone(trained))
             if causal
             else Encoder.from_pretrained(trained, device="cpu")
         )

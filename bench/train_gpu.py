@@ -17,12 +17,13 @@ import os
 import time
 
 import torch
+from gpu_shapes import H200_BF16_DENSE_TFLOPS, QWEN3_0_6B_SHAPE
 
 from embedlib.models.bidirectional import BidirectionalQwen3ForMaskedLM, to_bidirectional_config
-from embedlib.models.tiny import H200_BF16_DENSE_TFLOPS, QWEN3_0_6B_SHAPE, tiny_qwen3_config
+from embedlib.models.tiny import tiny_qwen3_config
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.runner import make_engine
-from embedlib.training.stages import DiffusionLM
+from embedlib.training.stages import DiffusionObjective
 
 QWEN3_VOCAB = 151936
 QWEN3_MASK_ID = 151669  # first embedding row past the tokenizer's 151669 tokens: never produced by it
@@ -70,7 +71,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = BidirectionalQwen3ForMaskedLM(to_bidirectional_config(config))
     params = sum(p.numel() for p in model.parameters())
-    module = DiffusionLM(model, mask_id, seed=0).to(device)
+    module = DiffusionObjective(model, mask_id, seed=0).to(device)
     cfg = from_dict(
         TrainConfig,
         {

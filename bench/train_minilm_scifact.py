@@ -18,13 +18,13 @@ from types import SimpleNamespace
 
 import ray
 import torch
+from train_common import retrieval_scores
 
 from embedlib.data import default_model_path
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import load_beir
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.data import beir_pairs, mine_bm25_negatives, write_rows
-from embedlib.training.evaluate import retrieval_scores
 from embedlib.training.plots import loss_curves_png
 from embedlib.training.runner import train
 

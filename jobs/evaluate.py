@@ -23,6 +23,7 @@ from embedlib.errors import run_job  # noqa: E402
 from embedlib.eval.job import EvalConfig, run_evaluation  # noqa: E402
 from embedlib.eval.report import report_markdown  # noqa: E402
 from embedlib.eval.systems import model_name  # noqa: E402
+from embedlib.submitted import check_submitted_paths  # noqa: E402
 
 
 def comma_list(kind):
@@ -81,6 +82,12 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     if args.no_progress:
         values["show_progress"] = False
     config = EvalConfig.from_dict(values)
+    check_submitted_paths(
+        {"out": config.out, "dataset": config.dataset, "distractors": config.distractors,
+         "scale_index": config.scale_index, "bitext": config.bitext}
+        | {f"models[{i}]": model_name(spec)[1] for i, spec in enumerate(config.models)}
+        | {f"indexes[{i}]": url for i, url in enumerate(config.indexes)}
+    )
     config.models = [named_model(spec) for spec in config.models]
     return config
 

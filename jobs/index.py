@@ -20,6 +20,7 @@ from embedlib.config import read_yaml  # noqa: E402
 from embedlib.data import SAMPLE_DATASET, resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.index.config import IndexJobConfig  # noqa: E402
+from embedlib.submitted import check_submitted_paths  # noqa: E402
 
 DEFAULT_OUTPUT = "outputs/index"
 
@@ -76,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> IndexJobConfig:
     if args.no_progress:
         values["show_progress"] = False
     cfg = IndexJobConfig.from_dict(values)
+    check_submitted_paths({"input": cfg.input, "output": cfg.output, "model": cfg.model})
     if cfg.model:
         cfg.model = resolve_model(cfg.model)
     return cfg
@@ -84,16 +86,12 @@ def config_from_args(args: argparse.Namespace) -> IndexJobConfig:
 def evaluate_sample(output: str) -> dict[str, float]:
     """nDCG@10 etc. of the published index on the bundled sample's judged queries."""
     from embedlib.eval.beir import load_beir
-    from embedlib.eval.metrics import evaluate_run
+    from embedlib.eval.metrics import evaluate_run, run_from_hits
     from embedlib.index.sharded import ShardedIndex
 
     dataset = load_beir(str(SAMPLE_DATASET))
     queries = dataset.judged_queries()
-    scores, ids = ShardedIndex.open(output).search(list(queries.values()), k=100)
-    run = {
-        qid: {d: float(s) for d, s in zip(row_ids, row, strict=True) if d is not None}
-        for qid, row_ids, row in zip(queries, ids, scores, strict=True)
-    }
+    run = run_from_hits(list(queries), ShardedIndex.open(output).search(list(queries.values()), k=100))
     means, _ = evaluate_run(dataset.qrels, run, k_values=(10, 100))
     return means
 

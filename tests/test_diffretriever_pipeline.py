@@ -60,19 +60,24 @@ def test_pipeline_index_searches_like_exhaustive_scoring_in_every_mode(ray_clust
     tokens = encoder.encode(queries, k=2, kind="query")
     ids = [r["_id"] for r in rows]
     for mode in MODES:
-        scores, hits = index.search_representative(queries, k=10, mode=mode, candidates=40)
+        found = index.search_representative(queries, k=10, mode=mode, candidates=40)
+        scores, hits = found.scores, found.ids
         exact = exhaustive_scores(tokens, docs, mode)
         expected = -np.sort(-exact, axis=1)[:, :10]
         np.testing.assert_allclose(scores, expected, atol=2e-4, err_msg=mode)
         for row, found in enumerate(hits):  # each hit's own exact score is the score returned for it
             np.testing.assert_allclose([exact[row, ids.index(h)] for h in found], scores[row], atol=2e-4)
 
-    default_scores, _ = index.search(queries, k=5)  # hybrid with the manifest's k_query
-    hybrid_scores, _ = index.search_representative(queries, k=5, mode="hybrid")
+    default_scores = index.search(queries, k=5).scores  # hybrid with the manifest's k_query
+    hybrid_scores = index.search_representative(queries, k=5, mode="hybrid").scores
     np.testing.assert_allclose(default_scores, hybrid_scores)
+    with pytest.raises(ValueError, match="nprobe"):  # an IVF option is refused, not silently ignored
+        index.search(queries, k=5, nprobe=4)
     remote = ShardedIndex.open(output, use_ray=True)
-    assert remote.search_representative(queries, k=5, mode="sparse")[1] == index.search_representative(
-        queries, k=5, mode="sparse")[1]
+    assert (
+        remote.search_representative(queries, k=5, mode="sparse").ids
+        == index.search_representative(queries, k=5, mode="sparse").ids
+    )
 
     again = build_index(cfg)  # nothing changed: every document's vectors are carried over
     assert (again.embedded, again.carried_over) == (0, 40)

@@ -11,6 +11,7 @@ from embedlib.encoding.formats import QUANTIZATIONS
 from embedlib.encoding.representative_tokens import DEFAULT_K_PASSAGE, DEFAULT_K_QUERY, DiffRetrieverEncoder
 from embedlib.eval.beir import load_beir
 from embedlib.eval.bitext import load_tatoeba, tatoeba_languages
+from embedlib.eval.diffretriever import DiffRetrieverSettings, DiffRetrieverSystem, PassageEncodings
 from embedlib.eval.distractors import load_distractors
 from embedlib.eval.report import metrics_document, write_report
 from embedlib.eval.run import K_VALUES, evaluate_bitext, evaluate_scale, evaluate_systems, scale_sizes
@@ -23,7 +24,6 @@ from embedlib.eval.systems import (
     System,
     model_name,
 )
-from embedlib.search.diffretriever import DiffRetrieverSettings, DiffRetrieverSystem, PassageEncodings
 from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES
 
 log = logging.getLogger(__name__)

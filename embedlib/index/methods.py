@@ -22,6 +22,7 @@ from embedlib.index.config import IndexJobConfig
 
 if TYPE_CHECKING:
     from embedlib.encoding.encoder import Encoder
+    from embedlib.search.results import SearchResult
 
 
 @dataclass
@@ -96,8 +97,8 @@ class IndexMethod:
     def query_encoder(self, path_or_url: str, manifest: dict):
         raise NotImplementedError
 
-    def search(self, index, queries: Any, k: int, **options) -> tuple[np.ndarray, list[list[str | None]]]:
-        """Top-``k`` ``(scores, ids)`` of a ``ShardedIndex`` of this method."""
+    def search(self, index, queries: Any, k: int, **options) -> SearchResult:
+        """Top-``k`` scores and ids of a ``ShardedIndex`` of this method."""
         raise NotImplementedError
 
     def label(self, manifest: dict) -> str:
@@ -183,7 +184,7 @@ class DenseMethod(IndexMethod):
         return {"quantization": cfg.quantization, "index": {"type": cfg.index_type, "params": params}}
 
     def load_shard(self, base: str, entry: dict, manifest: dict):
-        from embedlib.index.sharded import Shard
+        from embedlib.index.faiss_shards import Shard
 
         return Shard.load(base, entry, manifest)
 
@@ -195,7 +196,7 @@ class DenseMethod(IndexMethod):
     def search(self, index, queries: Any, k: int, nprobe: int | None = None, ef_search: int | None = None):
         vectors = index.check_vectors(queries) if isinstance(queries, np.ndarray) else index.encode_queries(queries)
         overrides = {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value}
-        from embedlib.index.sharded import merge_results
+        from embedlib.search.results import merge_results
 
         return merge_results(index.call_shards("search", vectors, k, overrides), len(vectors), k)
 
@@ -273,8 +274,9 @@ class DiffRetrieverMethod(IndexMethod):
                dense_weight: float | None = None, candidates: int | None = None, **unused):
         """Texts (encoded with ``k_query`` mask tokens, the manifest's by default) or ``RepresentativeTokens``."""
         from embedlib.encoding.representative_tokens import RepresentativeTokens
-        from embedlib.index.sharded import fuse_shard_candidates, merge_results
+        from embedlib.index.representative_shards import fuse_shard_candidates
         from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES
+        from embedlib.search.results import merge_results
 
         if unused:
             raise ValueError(f"{sorted(unused)}: not used by a diffretriever index (IVF/HNSW options of dense ones)")

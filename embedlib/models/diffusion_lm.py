@@ -57,10 +57,10 @@ from embedlib.models.loading import (
     read_checkpoint_config,
     resolve_dtype,
 )
+from embedlib.models.mask_token import KNOWN_MASK_IDS, resolve_mask_id
 from embedlib.models.tiny import bundled_text, tiny_qwen3_config, train_bpe_tokenizer
 
-DIFFUSION_FORMATS = ("dream", "llada", "embedlib")
-LLADA_MASK_TOKEN_ID = 126336
+LLADA_MASK_TOKEN_ID = KNOWN_MASK_IDS["llada"]
 # Fields of a Dream config.json that are not Qwen2 architecture fields.
 DREAM_ONLY_FIELDS = ("model_type", "architectures", "auto_map", "transformers_version")
 
@@ -196,15 +196,6 @@ def load_lm_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def resolve_mask_token_id(config: dict, tokenizer: PreTrainedTokenizerBase, source: str) -> int:
-    """The mask id: ``config.json``'s ``mask_token_id`` first (Dream, LLaDA), else the tokenizer's mask token."""
-    if config.get("mask_token_id") is not None:
-        return int(config["mask_token_id"])
-    if tokenizer.mask_token_id is not None:
-        return int(tokenizer.mask_token_id)
-    raise CheckpointError(f"{source}: no mask_token_id in config.json and the tokenizer has no mask token")
-
-
 def load_weights_strictly(model_cls, folder: Path, config, dtype: torch.dtype, source: str, **kwargs):
     """``from_pretrained`` that refuses a checkpoint whose weights do not all map onto the architecture."""
     model, info = model_cls.from_pretrained(
@@ -261,10 +252,14 @@ def load_diffusion_lm(
             )
             default_shift = 0
         model.to(device).eval()
+    try:
+        mask_token_id = resolve_mask_id(tokenizer, config=fields, vocab_size=model.config.vocab_size)
+    except ValueError as error:
+        raise CheckpointError(f"{where}: {error}") from None
     return DiffusionLM(
         model=model,
         tokenizer=tokenizer,
-        mask_token_id=resolve_mask_token_id(fields, tokenizer, where),
+        mask_token_id=mask_token_id,
         logits_shift=default_shift if logits_shift is None else int(logits_shift),
         format=kind,
         source=source,

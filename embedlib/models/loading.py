@@ -35,6 +35,7 @@ class Backbone:
     source: str
     max_length: int
     is_decoder: bool
+    pooling: str = "mean"  # how the encoder pools token states (``embedlib.encoding.pooling``); saved in 1_Pooling
 
 
 def default_device() -> torch.device:
@@ -146,6 +147,7 @@ def load_backbone(
         source=source,
         max_length=int(max_length or checkpoint_max_length(folder, tokenizer, config)),
         is_decoder=decoder,
+        pooling=read_pooling_mode(folder),
     )
 
 
@@ -157,3 +159,40 @@ def state_dict_hash(model: torch.nn.Module) -> str:
         digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}".encode())
         digest.update(data.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+# sentence-transformers' Pooling config key of each pooling mode
+POOLING_KEYS = {"mean": "pooling_mode_mean_tokens", "last_token": "pooling_mode_lasttoken"}
+
+
+def read_pooling_mode(folder: Path) -> str:
+    """The pooling mode a checkpoint's ``1_Pooling/config.json`` names (``mean`` where there is none)."""
+    path = folder / "1_Pooling" / "config.json"
+    if not path.is_file():
+        return "mean"
+    config = json.loads(path.read_text())
+    return next((mode for mode, key in POOLING_KEYS.items() if config.get(key)), "mean")
+
+
+def write_sentence_transformers_config(folder: Path, dim: int, max_length: int, pooling: str = "mean") -> None:
+    """The sentence-transformers files for a Transformer + Pooling pipeline (no normalization)."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    pooling_config = {
+        "word_embedding_dimension": dim,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        **{key: mode == pooling for mode, key in POOLING_KEYS.items()},
+    }
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_length, "do_lower_case": False}, indent=2)
+    )
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"similarity_fn_name": "cosine", "model_type": "SentenceTransformer"}, indent=2)
+    )

@@ -239,7 +239,7 @@ def mine_bm25_negatives(
 ) -> list[dict]:
     """Triplets with BM25 hard negatives: top-ranked non-relevant documents (after ``skip_top``)."""
     index = BM25Index(dataset.doc_ids(), dataset.doc_texts())
-    ranked, _ = index.search([p["query"] for p in pairs], depth)
+    ranked = index.search([p["query"] for p in pairs], depth).positions
     return _triplets_from_ranking(pairs, dataset, ranked, k, skip_top)
 
 
