@@ -82,7 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
-            from embedlib.models.diffusion_lm import make_tiny_diffusion_qwen3_checkpoint
+            from embedlib.models.tiny_diffusion import make_tiny_diffusion_qwen3_checkpoint
 
             model = str(make_tiny_diffusion_qwen3_checkpoint(Path(tmp) / "tiny-diffusion-qwen3"))
         encoder = DiffRetrieverEncoder.from_pretrained(model, device="cpu", max_length=args.max_length)

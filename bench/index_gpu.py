@@ -11,14 +11,13 @@ The vocabulary is the 2,048-token test tokenizer (not Qwen's 151,936): only the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from gpu_shapes import H200_BF16_DENSE_TFLOPS, QWEN3_0_6B_SHAPE
+from gpu_shapes import QWEN3_0_6B_SHAPE, gpu_bench_parser
 
 from embedlib.data import sample_corpus_texts
 from embedlib.encoding.quantize import mean_pool, quantize_int8
@@ -99,15 +98,11 @@ def through_pipeline(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tiny", action="store_true", help="tiny shape on CPU (checks the script runs)")
+    parser = gpu_bench_parser(__doc__, "tiny shape on CPU (checks the script runs)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--docs", type=int, default=20_000, help="pipeline corpus size")
-    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.tiny
     device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")

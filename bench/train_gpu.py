@@ -12,12 +12,11 @@ FLOPs per token: 6·N (N = every parameter that takes part in a matmul, the tied
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
 import torch
-from gpu_shapes import H200_BF16_DENSE_TFLOPS, QWEN3_0_6B_SHAPE
+from gpu_shapes import QWEN3_0_6B_SHAPE, gpu_bench_parser
 
 from embedlib.models.bidirectional import BidirectionalQwen3ForMaskedLM, to_bidirectional_config
 from embedlib.models.tiny import tiny_qwen3_config
@@ -49,15 +48,11 @@ def init_single_process_group(backend: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tiny", action="store_true", help="small shapes, fp32, CPU")
+    parser = gpu_bench_parser(__doc__, "small shapes, fp32, CPU")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.tiny
     if args.tiny:

@@ -11,13 +11,12 @@ mistake the user can fix (flag, config, dataset, model path) exits with status 2
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
-from embedlib.config import read_yaml  # noqa: E402
+from embedlib.config import values_from_args  # noqa: E402
 from embedlib.data import resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.eval.job import EvalConfig, run_evaluation  # noqa: E402
@@ -74,13 +73,7 @@ def named_model(spec: str) -> str:
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     """The validated config: ``--config`` YAML, then the flags over it; model names resolved."""
-    values = read_yaml(args.config) if args.config else {}
-    for field in dataclasses.fields(EvalConfig):
-        flag = getattr(args, field.name, None)
-        if flag is not None:
-            values[field.name] = flag
-    if args.no_progress:
-        values["show_progress"] = False
+    values = values_from_args(EvalConfig, args)
     config = EvalConfig.from_dict(values)
     check_submitted_paths(
         {"out": config.out, "dataset": config.dataset, "distractors": config.distractors,

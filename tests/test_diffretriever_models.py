@@ -17,14 +17,10 @@ from embedlib.models.bidirectional import (
     BidirectionalQwen2ForMaskedLM,
     BidirectionalQwen3ForMaskedLM,
 )
-from embedlib.models.diffusion_lm import (
-    LLADA_KEY_MAPPING,
-    LLADA_MASK_TOKEN_ID,
-    TINY_WRITERS,
-    load_diffusion_lm,
-)
+from embedlib.models.diffusion_lm import LLADA_KEY_MAPPING, LLADA_MASK_TOKEN_ID, load_diffusion_lm
 from embedlib.models.loading import CheckpointError
 from embedlib.models.tiny import train_bpe_tokenizer
+from embedlib.models.tiny_diffusion import TINY_WRITERS
 
 TEXTS = [
     "what similarity laws must be obeyed when constructing aeroelastic models of heated high speed aircraft",

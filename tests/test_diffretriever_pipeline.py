@@ -14,7 +14,7 @@ from embedlib.data import SAMPLE_DATASET
 from embedlib.encoding.formats import embedded_text
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder, RepresentativeTokens
 from embedlib.index import ConfigError, IndexJobConfig, ShardedIndex, build_index
-from embedlib.models.diffusion_lm import make_tiny_diffusion_qwen3_checkpoint
+from embedlib.models.tiny_diffusion import make_tiny_diffusion_qwen3_checkpoint
 from embedlib.search.hybrid import MODES, exhaustive_scores
 from embedlib.search.sparse import DEFAULT_SCALE, quantize_weights
 

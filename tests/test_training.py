@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import train_config
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import BeirDataset, load_beir
@@ -153,15 +154,8 @@ def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):
     from embedlib.training.runner import save_trained_model
     from embedlib.training.stages import build_stage
 
-    cfg = from_dict(
-        TrainConfig,
-        {
-            "stage": "pair",
-            "model": str(tiny_models["pplx-embed"]),
-            "output": str(tmp_path / "out"),
-            "data": {"url": "unused.parquet"},
-            "lora": {"r": 4, "alpha": 8},
-        },
+    cfg = train_config(
+        "pair", tiny_models["pplx-embed"], tmp_path / "out", {"url": "unused.parquet"}, lora={"r": 4, "alpha": 8}
     )
     parts = build_stage(cfg, seed=0)
     trainable = [n for n, p in parts.module.named_parameters() if p.requires_grad]
@@ -202,16 +196,9 @@ def test_embedding_model_hard_negatives(shared_data, tiny_models):
 def test_contextual_stage_late_chunking(tiny_models, tmp_path):
     from embedlib.training.stages import build_stage
 
-    cfg = from_dict(
-        TrainConfig,
-        {
-            "stage": "contextual",
-            "model": str(tiny_models["pplx-embed"]),
-            "output": str(tmp_path / "out"),
-            "data": {"url": "unused", "max_length": 64},
-            "max_chunks": 3,
-            "matryoshka_dims": [16],
-        },
+    cfg = train_config(
+        "contextual", tiny_models["pplx-embed"], tmp_path / "out", {"url": "unused", "max_length": 64},
+        max_chunks=3, matryoshka_dims=[16],
     )
     parts = build_stage(cfg, seed=0)
     rows = {

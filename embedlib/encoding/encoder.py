@@ -20,6 +20,7 @@ from embedlib.encoding.pooling import Pooling
 from embedlib.encoding.quantize import quantize, truncate
 from embedlib.models.loading import (
     Backbone,
+    WrapsModel,
     load_backbone,
     state_dict_hash,
     write_sentence_transformers_config,
@@ -74,7 +75,7 @@ def chunk_spans(offsets: np.ndarray, chunk_tokens: int) -> list[tuple[np.ndarray
     return spans
 
 
-class Encoder:
+class Encoder(WrapsModel):
     """A bidirectional encoder with mean pooling and INT8/binary quantization (pplx-embed §4.3).
 
     The pooling is the backbone's (``Backbone.pooling``, read from the checkpoint): ``mean`` unless the
@@ -104,14 +105,6 @@ class Encoder:
         return cls(load_backbone(path_or_url, device=device, dtype=dtype, max_length=max_length))
 
     # --- properties -------------------------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dim(self) -> int:
-        return int(self.model.config.hidden_size)
 
     @property
     def weights_hash(self) -> str:

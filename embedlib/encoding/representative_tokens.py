@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from embedlib import storage
 from embedlib.encoding.batching import pad_batch, plan_batches
-from embedlib.encoding.encoder import check_texts
+from embedlib.encoding.encoder import EncodeStats, check_texts
 from embedlib.models.bidirectional import bidirectional_attention_mask
 from embedlib.models.diffusion_lm import DiffusionLM, load_causal_lm, load_diffusion_lm, save_diffusion_lm
 from embedlib.models.loading import state_dict_hash
@@ -79,12 +79,10 @@ class RepresentativeTokens:
 
 
 @dataclass
-class RepresentativeStats:
-    texts: int = 0
-    truncated: int = 0
-    batches: int = 0
+class RepresentativeStats(EncodeStats):
+    """What the last ``encode`` call did, and how many forward passes it took."""
+
     forward_passes: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def check_k(k: int) -> int:
@@ -137,11 +135,15 @@ class _RepresentativeBase:
     logits at the K positions (``read_batch``), and how many forward passes that takes.
     """
 
-    tokenizer = None
-    max_length: int
-    template: PromptTemplate
-    top_terms: int
     name: str
+
+    def __init__(self, model, tokenizer, max_length: int, template: PromptTemplate | None, top_terms: int):
+        self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
+        self.template = template or PromptTemplate()
+        self.top_terms = top_terms
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.excluded = torch.as_tensor(excluded_term_ids(tokenizer, self.vocab_size))  # never sparse terms
+        self.last_stats = RepresentativeStats()
 
     def encode_prompts(self, texts: Sequence[str], k: int, kind: Kind) -> tuple[list[list[int]], int]:
         """The prompt ids the model reads, and how many texts were truncated."""
@@ -228,38 +230,22 @@ class DiffRetrieverEncoder(_RepresentativeBase):
     def __init__(
         self, lm: DiffusionLM, template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS
     ):
+        super().__init__(lm.model, lm.tokenizer, lm.max_length, template, top_terms)
         self.lm = lm
-        self.model = lm.model
-        self.tokenizer = lm.tokenizer
-        self.max_length = lm.max_length
-        self.template = template or PromptTemplate()
-        self.top_terms = top_terms
-        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         if not 0 <= lm.mask_token_id < self.vocab_size:
             raise ValueError(
                 f"{storage.redact_url(lm.source)}: mask_token_id {lm.mask_token_id} is outside the LM head's "
                 f"{self.vocab_size} outputs"
             )
-        self.excluded = torch.as_tensor(excluded_term_ids(self.tokenizer, self.vocab_size))
         self.excluded[lm.mask_token_id] = True
-        self.last_stats = RepresentativeStats()
 
     @classmethod
     def from_pretrained(
-        cls,
-        path_or_url: str | os.PathLike,
-        device=None,
-        dtype=None,
-        max_length: int | None = None,
-        template: PromptTemplate | None = None,
-        top_terms: int = DEFAULT_TOP_TERMS,
+        cls, path_or_url: str | os.PathLike, device=None, dtype=None, max_length: int | None = None, **options
     ) -> DiffRetrieverEncoder:
-        """Load a Dream, LLaDA or embedlib diffusion checkpoint (local path or fsspec URL)."""
-        return cls(
-            load_diffusion_lm(path_or_url, device=device, dtype=dtype, max_length=max_length),
-            template=template,
-            top_terms=top_terms,
-        )
+        """Load a Dream, LLaDA or embedlib diffusion checkpoint (local path or fsspec URL); ``options`` are the
+        constructor's (``template``, ``top_terms``)."""
+        return cls(load_diffusion_lm(path_or_url, device=device, dtype=dtype, max_length=max_length), **options)
 
     @property
     def dim(self) -> int:
@@ -339,29 +325,14 @@ class PromptRepsEncoder(_RepresentativeBase):
         top_terms: int = DEFAULT_TOP_TERMS,
         use_cache: bool = True,
     ):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_length = max_length
+        super().__init__(model, tokenizer, max_length, template, top_terms)
         self.use_cache = use_cache  # False: every step re-reads the whole prefix (K full forward passes)
-        self.template = template or PromptTemplate()
-        self.top_terms = top_terms
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.excluded = torch.as_tensor(excluded_term_ids(tokenizer, self.vocab_size))
-        self.last_stats = RepresentativeStats()
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path_or_url: str | os.PathLike,
-        device=None,
-        dtype=None,
-        max_length: int = 512,
-        template: PromptTemplate | None = None,
-        top_terms: int = DEFAULT_TOP_TERMS,
-        use_cache: bool = True,
-    ) -> PromptRepsEncoder:
-        model, tokenizer = load_causal_lm(path_or_url, device=device, dtype=dtype)
-        return cls(model, tokenizer, max_length, template=template, top_terms=top_terms, use_cache=use_cache)
+    def from_pretrained(cls, path_or_url: str | os.PathLike, device=None, dtype=None, **options) -> PromptRepsEncoder:
+        """Load a causal LM; ``options`` are the constructor's (``max_length``, ``template``, ``top_terms``,
+        ``use_cache``)."""
+        return cls(*load_causal_lm(path_or_url, device=device, dtype=dtype), **options)
 
     @torch.inference_mode()
     def generate(

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from embedlib import storage
-from embedlib.errors import UserError
+from embedlib.errors import UserError, storage_failures_as
 from embedlib.models.bidirectional import BIDIRECTIONAL_FAMILIES, is_decoder_family, to_bidirectional_config
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -26,6 +26,20 @@ DEFAULT_MAX_LENGTH = 512
 
 class CheckpointError(UserError, FileNotFoundError):
     """A checkpoint folder that is missing or incomplete; the message names the path and what is wrong."""
+
+
+class WrapsModel:
+    """``device`` and ``dim`` (hidden size) of an object that holds a transformers ``model``."""
+
+    model: PreTrainedModel
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
 
 
 @dataclass
@@ -58,15 +72,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def checkpoint_folder(source: str) -> Path:
     """The local folder of the checkpoint at ``source`` (a download when remote); ``CheckpointError`` naming the
     (redacted) URL when it cannot be read."""
-    where = storage.redact_url(source)
-    try:
+    with storage_failures_as(
+        CheckpointError, source, missing="checkpoint folder does not exist", unreadable="cannot read the checkpoint"
+    ):
         return storage.local_dir(source)
-    except FileNotFoundError:
-        raise CheckpointError(f"{where}: checkpoint folder does not exist") from None
-    except Exception as err:  # noqa: BLE001 - any storage failure is reported with the (redacted) URL
-        raise CheckpointError(
-            f"{where}: cannot read the checkpoint ({storage.error_text(err, source)})"
-        ) from None  # the cause's text may hold the URL's credentials
 
 
 def read_checkpoint_config(folder: Path, source: str) -> dict:
