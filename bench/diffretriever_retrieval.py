@@ -11,7 +11,7 @@ the figures then check the pipeline, not the method.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +29,10 @@ from embedlib.search.hybrid import MODES, DiffRetrieverIndex, exhaustive_scores
 from embedlib.search.multivector import top_k
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from result_file import Result, add_result_argument  # noqa: E402
+
 METRIC = "ndcg@10"
 
 
@@ -44,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    add_result_argument(parser, "diffretriever_retrieval")
     return parser.parse_args()
 
 
@@ -70,6 +75,7 @@ def per_query(per: dict, query_ids: list[str]) -> np.ndarray:
 
 def main() -> None:
     args = parse_args()
+    result = Result(args.result)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,9 +172,9 @@ def main() -> None:
         "adaptive": budget,
         "docs_per_second": {str(k): len(texts) / s for k, s in encode_seconds.items()},
     }
-    (out / "diffretriever_retrieval.json").write_text(json.dumps(report, indent=2))
-    plot(results, out / "diffretriever_retrieval.png")
-    print(f"wrote {out / 'diffretriever_retrieval.json'} and {out / 'diffretriever_retrieval.png'}")
+    result.write(report, folder=out)
+    plot(results, out / f"{args.result}.png")
+    print(f"wrote {out / args.result}.png")
 
 
 def plot(results: dict[str, dict], path: Path) -> None:

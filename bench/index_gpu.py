@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from gpu_shapes import QWEN3_0_6B_SHAPE, gpu_bench_parser
+from result_file import Result
 
 from embedlib.data import sample_corpus_texts
 from embedlib.encoding.quantize import mean_pool, quantize_int8
@@ -104,6 +105,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--docs", type=int, default=20_000, help="pipeline corpus size")
     args = parser.parse_args()
+    result = Result("index_gpu" + ("_tiny" if args.tiny else ""))
     gpu = torch.cuda.is_available() and not args.tiny
     device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
     shape = TINY_QWEN3_SHAPE if args.tiny else QWEN3_0_6B_SHAPE
@@ -123,12 +125,15 @@ def main() -> None:
         raw = raw_loop(model_dir, device, dtype, args.batch, args.seq, args.steps)
         corpus = long_corpus(tmp / "corpus.jsonl", args.docs, chars=8 * args.seq)
         piped = through_pipeline(model_dir, corpus, str(tmp / "index"), gpu, dtype, args.batch, args.seq)
+    figures = {"args": vars(args), "gflop_per_doc": flops / 1e9}
     for name, rate in (("raw PyTorch loop", raw), ("pipeline (Ray Data actor pool)", piped)):
         mfu = rate * flops / (args.peak_tflops * 1e12)
+        figures[name] = {"docs_per_s": rate, "tflops": rate * flops / 1e12, "mfu": mfu}
         print(
             f"{name}: {rate:.1f} docs/s, {rate * flops / 1e12:.1f} TFLOP/s, MFU {mfu:.3f} "
             f"(of {args.peak_tflops:.0f} TFLOP/s peak, {flops / 1e9:.1f} GFLOP/doc)"
         )
+    result.write(figures)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from result_file import Result  # noqa: E402
 
 from embedlib.encoding.quantize import quantize_int8  # noqa: E402
 from embedlib.index.faiss_shards import (  # noqa: E402
-    Shard,  # noqa: E402
+    Shard,
     deserialize,
     shard_index,
     trained_template,
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--plot", default="outputs/bench/index_ivf.png")
     args = parser.parse_args()
+    result = Result("index_ivf")
 
     t = time.perf_counter()
     vectors, centers = synthetic_int8(args.n, args.dim, args.clusters, seed=0)
@@ -162,6 +164,11 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)
     print(f"plot: {args.plot}")
+    result.write({
+        "args": vars(args), "exact_qps": args.queries / exact_seconds, "sharded_identical_fraction": same,
+        "ivf_build_seconds": build_seconds, "ivf_index_bytes_per_vector": index_bytes / args.n,
+        "nprobe": [{"nprobe": n, "qps": q, f"recall@{args.k}": r} for n, q, r in results],
+    })
 
 
 if __name__ == "__main__":

@@ -85,3 +85,8 @@ class Result:
         path.write_text(json.dumps(document, indent=2, default=str) + "\n")
         print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
         return path
+
+
+def add_result_argument(parser, default: str) -> None:
+    """``--result NAME``: the result file ``bench/results/NAME.json`` (a variant of a bench gets its own name)."""
+    parser.add_argument("--result", default=default, help=f"result name: bench/results/NAME.json (default {default})")

@@ -17,6 +17,7 @@ import random
 import time
 from pathlib import Path
 
+from result_file import Result, add_result_argument
 from train_common import plain_loop, retrieval_scores
 
 from embedlib.encoding.encoder import Encoder
@@ -63,7 +64,9 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--pretrain-lr", type=float, default=2e-3)
     parser.add_argument("--pair-lr", type=float, default=1e-3)
+    add_result_argument(parser, "train_ablation")
     args = parser.parse_args()
+    result = Result(args.result)
     work = Path(args.work)
     started = time.time()
     files = sorted((DATA / "text" / "gutenberg").glob("*.txt")) + [DATA / "text" / "wikitext2.valid.tokens"]
@@ -98,9 +101,7 @@ def main() -> None:
     (work / "pretrain_loss_curves.png").write_bytes(
         loss_curves_png(pretrain_curves, ylabel="pretraining loss")
     )
-    (work / "summary.json").write_text(
-        json.dumps({"scores": scores, "pair_curves": curves, "args": vars(args)})
-    )
+    result.write({"scores": scores, "pair_curves": curves, "args": vars(args)})
     print(
         f"\n{'arm':<40}" + "".join(f"{ds + ' nDCG@10':>20}" for ds in EVAL_SETS) + f"{'final pair loss':>18}"
     )

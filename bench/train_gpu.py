@@ -17,6 +17,7 @@ import time
 
 import torch
 from gpu_shapes import QWEN3_0_6B_SHAPE, gpu_bench_parser
+from result_file import Result
 
 from embedlib.models.bidirectional import BidirectionalQwen3ForMaskedLM, to_bidirectional_config
 from embedlib.models.tiny import tiny_qwen3_config
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
+    result = Result("train_gpu" + ("_tiny" if args.tiny else ""))
     cuda = torch.cuda.is_available() and not args.tiny
     if args.tiny:
         config = tiny_qwen3_config(2048)
@@ -119,6 +121,11 @@ def main() -> None:
     )
     if cuda:
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    result.write({
+        "args": vars(args), "parameters": params, "tokens_per_s": tokens_per_s, "tflops": achieved / 1e12,
+        "mfu": achieved / (args.peak_tflops * 1e12),
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+    })
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import ray
 import torch
+from result_file import Result, add_result_argument
 from train_common import retrieval_scores
 
 from embedlib.data import default_model_path
@@ -89,7 +90,9 @@ def main() -> None:
         default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"),
         help="embedding cache shared with the evaluation benches (keyed by weights hash)",
     )
+    add_result_argument(parser, "train_minilm_scifact")
     args = parser.parse_args()
+    result = Result(args.result)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -122,7 +125,7 @@ def main() -> None:
         "median_tokens_per_s": sorted(tokens_per_s)[len(tokens_per_s) // 2],
         "wall_s": time.time() - started,
     }
-    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    result.write(summary)
     print(f"{'dataset':<16}{'nDCG@10 before':>16}{'nDCG@10 after':>16}")
     for name in before:
         print(f"{name:<16}{before[name]['ndcg@10']:>16.4f}{after[name]['ndcg@10']:>16.4f}")
