@@ -217,7 +217,7 @@ def test_diffretriever_system_builds_and_searches_with_fixed_and_routed_budgets(
     from embedlib.eval.diffretriever import DiffRetrieverSettings, DiffRetrieverSystem
     from embedlib.search.adaptive_k import KRouter
     from embedlib.search.hybrid import exhaustive_scores
-    from embedlib.search.multivector import top_k
+    from embedlib.search.multivector import STORED_DTYPE, top_k
 
     dataset = load_beir(str(SAMPLE_DATASET))
     ids, texts = dataset.doc_ids()[:24], dataset.doc_texts()[:24]
@@ -228,6 +228,7 @@ def test_diffretriever_system_builds_and_searches_with_fixed_and_routed_budgets(
     system.build([(ids[:10], texts[:10]), (ids[10:], texts[10:])])
     found = system.search(queries, 5)
     docs = encoder.encode(texts, k=4)
+    docs.dense = [d.astype(STORED_DTYPE).astype(np.float32) for d in docs.dense]  # as the index stores them
     expected = top_k(exhaustive_scores(encoder.encode(queries, k=2, kind="query"), docs, "dense"), 5)
     assert found.ids == expected.named(ids).ids
     np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5)

@@ -16,6 +16,7 @@ from embedlib.encoding.representative_tokens import DiffRetrieverEncoder, Repres
 from embedlib.index import ConfigError, IndexJobConfig, ShardedIndex, build_index
 from embedlib.models.tiny_diffusion import make_tiny_diffusion_qwen3_checkpoint
 from embedlib.search.hybrid import MODES, exhaustive_scores
+from embedlib.search.multivector import STORED_DTYPE
 from embedlib.search.sparse import DEFAULT_SCALE, quantize_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +38,10 @@ def sample_queries(n: int) -> list[str]:
 
 
 def as_indexed(docs: RepresentativeTokens) -> RepresentativeTokens:
-    """The documents as the index stores them: sparse weights quantized to integers."""
+    """The documents as the index stores them: vectors in float16, sparse weights quantized to integers."""
     sparse = quantize_weights(docs.sparse, DEFAULT_SCALE).astype(np.float32) / DEFAULT_SCALE
-    return RepresentativeTokens(dense=docs.dense, sparse=sparse, k=docs.k)
+    dense = [d.astype(STORED_DTYPE).astype(np.float32) for d in docs.dense]
+    return RepresentativeTokens(dense=dense, sparse=sparse, k=docs.k)
 
 
 def test_pipeline_index_searches_like_exhaustive_scoring_in_every_mode(ray_cluster, tmp_path, diffusion_model):
@@ -116,7 +118,7 @@ def test_index_and_evaluate_jobs_run_diffretriever_side_by_side(
     systems = json.loads((out / "metrics.json").read_text())["systems"]
     expected = {f"tiny/Kq={k}/{mode}" for k in (1, 2) for mode in MODES} | {"bm25", "index:index/diffretriever"}
     assert set(systems) == expected
-    assert systems["tiny/Kq=2/dense"]["storage"]["bytes_per_doc"] > 4 * 64 * 4  # K_p float vectors per doc
+    assert systems["tiny/Kq=2/dense"]["storage"]["bytes_per_doc"] > 4 * 64 * 4  # K_p float16 vectors twice (rerank copy, FAISS) and the sparse vector
     # The published index (K_q=2 from its manifest, hybrid, candidates covering every shard) ranks like the
     # in-process system with the same settings.
     for key in ("ndcg@10", "recall@100"):

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from embedlib.encoding.representative_tokens import RepresentativeTokens
 from embedlib.search.adaptive_k import KRouter, QueryFeatures, UnigramModel, budget_report, oracle_choice
 from embedlib.search.hybrid import DiffRetrieverIndex, exhaustive_scores, hybrid_scores, minmax_rows
-from embedlib.search.multivector import MultiVectorIndex, maxsim_scores, top_k
+from embedlib.search.multivector import STORED_DTYPE, MultiVectorIndex, maxsim_scores, top_k
 from embedlib.search.sparse import SparseIndex, quantize_weights, sparse_scores
 
 RNG = np.random.default_rng(0)
@@ -56,19 +56,25 @@ def test_top_k_returns_best_first():
     np.testing.assert_allclose(best.scores, -np.sort(-scores, axis=1)[:, :7])
 
 
+def as_stored(dense: list[np.ndarray]) -> list[np.ndarray]:
+    """Document vectors as the index stores them (float16), back in float32."""
+    return [d.astype(STORED_DTYPE).astype(np.float32) for d in dense]
+
+
 def test_multivector_index_with_full_candidates_equals_exhaustive_maxsim(tmp_path):
     docs, queries = random_tokens(200, 8), random_tokens(6, 4, seed=2)
     index = MultiVectorIndex(docs.dense)
     assert index.faiss.ntotal == 200 * 8
     found = index.search(queries.dense, k=10, vectors_per_query_vector=index.faiss.ntotal)
-    expected = top_k(maxsim_scores(queries.dense, docs.dense), 10)
+    expected = top_k(maxsim_scores(queries.dense, as_stored(docs.dense)), 10)
     np.testing.assert_array_equal(found.positions, expected.positions)
     np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5)
     # Candidate generation from a few nearest vectors still reranks exactly.
     few = index.search(queries.dense, k=5, vectors_per_query_vector=8)
-    exact = maxsim_scores(queries.dense, docs.dense)
+    exact = maxsim_scores(queries.dense, as_stored(docs.dense))
     np.testing.assert_allclose(few.scores, np.take_along_axis(exact, few.positions, axis=1), rtol=1e-5)
-    assert index.bytes_per_doc() >= 2 * 8 * 16 * 4  # the stored vectors and FAISS' own copy of them
+    assert index.vectors.dtype == np.float16
+    assert index.bytes_per_doc() >= 2 * 8 * 16 * 2  # the stored float16 vectors and FAISS' own fp16 copy
 
 
 def test_indexes_round_trip_through_s3(s3_bucket):
@@ -126,7 +132,7 @@ def test_index_hybrid_search_equals_exhaustive_hybrid_when_candidates_cover_the_
     index = DiffRetrieverIndex.build(docs)
     found = index.search(queries, 10, mode="hybrid", candidates=60)
     # The index's sparse side holds integer-quantized weights; exhaustive hybrid over the same scores:
-    exhaustive = hybrid_scores(maxsim_scores(queries.dense, docs.dense), index.sparse.scores(queries.sparse))
+    exhaustive = hybrid_scores(maxsim_scores(queries.dense, as_stored(docs.dense)), index.sparse.scores(queries.sparse))
     expected = top_k(exhaustive, 10)
     float_hybrid = exhaustive_scores(queries, docs, "hybrid")
     assert np.abs(float_hybrid - exhaustive).max() < 0.01

@@ -209,6 +209,7 @@ class DiffRetrieverMethod(IndexMethod):
 
     name = "diffretriever"
     multi_vector = True
+    vector_dtype = "float16"  # the K_p vectors as stored (parquet and FAISS): half of float32's bytes
 
     def identity(self, model: str, cfg: IndexJobConfig) -> dict:
         lm = self.load_encoder(model, cfg, "cpu", None)
@@ -216,11 +217,12 @@ class DiffRetrieverMethod(IndexMethod):
                 "vocab_size": lm.vocab_size}
 
     def spec(self, cfg: IndexJobConfig) -> dict | None:
-        return {"method": self.name, "k_passage": cfg.k_passage, "top_terms": cfg.top_terms}
+        return {"method": self.name, "k_passage": cfg.k_passage, "top_terms": cfg.top_terms,
+                "vector_dtype": self.vector_dtype}
 
     def vector_type(self, cfg: IndexJobConfig, identity: dict) -> dict[str, pa.DataType]:
         return {
-            "vector": vector_type(cfg.k_passage * identity["width"], np.float32),
+            "vector": vector_type(cfg.k_passage * identity["width"], np.dtype(self.vector_dtype)),
             "sparse_ids": pa.list_(pa.int32()),
             "sparse_weights": pa.list_(pa.float32()),
         }
@@ -239,7 +241,8 @@ class DiffRetrieverMethod(IndexMethod):
         return EncodedDocs(
             owner=np.arange(n), chunk=np.zeros(n, np.int32), start=np.zeros(n, np.int32),
             end=np.full(n, -1, np.int32), tokens=np.asarray([len(p) for p in prompts], np.int32),
-            columns={"vector": vectors_column(dense.astype(np.float32), types["vector"]), **sparse_columns(found.sparse)},
+            columns={"vector": vectors_column(dense.astype(self.vector_dtype), types["vector"]),
+                     **sparse_columns(found.sparse)},
         )
 
     def index_params(self, cfg: IndexJobConfig, sample: np.ndarray | None, rows: int, dim: int) -> dict:
@@ -250,13 +253,12 @@ class DiffRetrieverMethod(IndexMethod):
     def shard_files(self, table: pa.Table, manifest: dict, template: bytes | None) -> dict[str, bytes]:
         from embedlib.index.representative_shards import shard_index_files
 
-        index_files = shard_index_files(
-            table, manifest["k_passage"], manifest["dim"], manifest["vocab_size"], manifest["index"]["params"]
-        )
+        index_files = shard_index_files(table, manifest)
         return {"parquet": parquet_bytes(table), **index_files}
 
     def manifest_fields(self, cfg: IndexJobConfig, identity: dict, params: dict) -> dict:
-        return {"quantization": "float", "index": {"type": "multivector+sparse", "params": params},
+        return {"quantization": "float", "vector_dtype": self.vector_dtype,
+                "index": {"type": "multivector+sparse", "params": params},
                 "k_passage": cfg.k_passage, "k_query": cfg.k_query, "top_terms": cfg.top_terms,
                 "vocab_size": identity["vocab_size"]}
 

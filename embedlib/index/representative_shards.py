@@ -23,24 +23,30 @@ from embedlib.index.columns import column_matrix, sparse_matrix
 from embedlib.index.manifest import check_shard_count, check_vector_width
 from embedlib.index.shard_files import read_checked
 from embedlib.search.hybrid import Candidates, DiffRetrieverIndex, fuse_candidates
-from embedlib.search.multivector import MultiVectorIndex
+from embedlib.search.multivector import DEFAULT_FACTORY, MultiVectorIndex
 from embedlib.search.results import SearchResult, named_per_row
 from embedlib.search.sparse import SparseIndex
 
-DEFAULT_PARAMS = {"factory": "Flat", "sparse_scale": 100.0, "candidates": 100}
+DEFAULT_PARAMS = {"factory": DEFAULT_FACTORY, "sparse_scale": 100.0, "candidates": 100}
 SPARSE_COLUMNS = ["sparse_ids", "sparse_weights"]
 
 
-def shard_tokens(table: pa.Table, k: int, dim: int, vocab_size: int) -> RepresentativeTokens:
-    """A shard table's documents as representative tokens (``vector`` holds ``k * dim`` floats per row)."""
-    dense = column_matrix(table.column("vector"), np.float32).reshape(table.num_rows, k, dim)
+def vector_dtype(manifest: dict) -> np.dtype:
+    """How the shards store the K_p vectors: float16 (older indexes: float32, which their manifests do not name)."""
+    return np.dtype(manifest.get("vector_dtype", "float32"))
+
+
+def shard_tokens(table: pa.Table, k: int, dim: int, vocab_size: int, dtype: np.dtype) -> RepresentativeTokens:
+    """A shard table's documents as representative tokens (``vector`` holds ``k * dim`` values per row)."""
+    dense = column_matrix(table.column("vector"), dtype).astype(np.float32).reshape(table.num_rows, k, dim)
     sparse = sparse_matrix(table.column("sparse_ids"), table.column("sparse_weights"), vocab_size)
     return RepresentativeTokens(dense=list(dense), sparse=sparse, k=k)
 
 
-def shard_index_files(table: pa.Table, k: int, dim: int, vocab_size: int, params: dict) -> dict[str, bytes]:
+def shard_index_files(table: pa.Table, manifest: dict) -> dict[str, bytes]:
     """The shard's ``.faiss`` and ``.postings.npz`` files."""
-    tokens = shard_tokens(table, k, dim, vocab_size)
+    k, dim, vocab_size, params = manifest["k_passage"], manifest["dim"], manifest["vocab_size"], manifest["index"]["params"]
+    tokens = shard_tokens(table, k, dim, vocab_size, vector_dtype(manifest))
     if table.num_rows:
         index = DiffRetrieverIndex.build(tokens, factory=params["factory"], scale=params["sparse_scale"])
         dense, sparse = index.dense.faiss, index.sparse
@@ -63,8 +69,9 @@ class RepresentativeShard:
         url = storage.join(base, f"{name}.parquet")
         table = pq.read_table(io.BytesIO(read_checked(url, entry["parquet_sha256"])), columns=["id", "vector"])
         check_shard_count(url, table.num_rows, entry["rows"])
-        check_vector_width(url, table.column("vector"), k * dim * 4, f"k_passage {k} x dim {dim} float32")
-        vectors = column_matrix(table.column("vector"), np.float32).reshape(-1, dim)
+        dtype = vector_dtype(manifest)
+        check_vector_width(url, table.column("vector"), k * dim * dtype.itemsize, f"k_passage {k} x dim {dim} {dtype}")
+        vectors = column_matrix(table.column("vector"), dtype).reshape(-1, dim)
         offsets = np.arange(0, len(vectors) + 1, k, dtype=np.int64)
         params = manifest["index"]["params"]
         faiss_url = storage.join(base, f"{name}.faiss")

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 
 from embedlib import storage
 from embedlib.encoding.representative_tokens import RepresentativeTokens
-from embedlib.search.multivector import MultiVectorIndex, maxsim_scores, top_k
+from embedlib.search.multivector import DEFAULT_FACTORY, MultiVectorIndex, maxsim_scores, top_k
 from embedlib.search.results import SearchResult
 from embedlib.search.sparse import SparseIndex, sparse_scores
 
@@ -106,7 +106,7 @@ class DiffRetrieverIndex:
 
     @classmethod
     def build(
-        cls, docs: RepresentativeTokens, factory: str = "Flat", scale: float = 100.0
+        cls, docs: RepresentativeTokens, factory: str = DEFAULT_FACTORY, scale: float = 100.0
     ) -> DiffRetrieverIndex:
         return cls(MultiVectorIndex(docs.dense, factory=factory), SparseIndex(docs.sparse, scale=scale))
 
