@@ -11,7 +11,7 @@ import torch
 from conftest import train_config
 
 from embedlib.encoding.encoder import Encoder
-from embedlib.eval.beir import BeirDataset, load_beir
+from embedlib.eval.beir import BeirDataset, load_beir, read_records
 from embedlib.models.loading import load_backbone
 from embedlib.models.mask_token import resolve_mask_id
 from embedlib.training.config import ConfigError, TrainConfig, from_dict, load_config
@@ -19,7 +19,6 @@ from embedlib.training.data import (
     beir_contextual_rows,
     beir_pairs,
     mine_bm25_negatives,
-    read_rows,
     text_rows,
     write_rows,
 )
@@ -96,7 +95,7 @@ def test_beir_pairs_and_bm25_hard_negatives(shared_data, tmp_path):
         assert len(row["negatives"]) == 3
         assert not set(row["negative_ids"]) & set(dataset.qrels[row["query_id"]])
     write_rows(triplets, str(tmp_path / "t.parquet"))
-    assert read_rows(str(tmp_path / "t.parquet"))[0]["negatives"] == triplets[0]["negatives"]
+    assert read_records(str(tmp_path / "t.parquet"))[0]["negatives"] == triplets[0]["negatives"]
 
 
 def test_beir_contextual_rows_take_the_chunk_with_the_query_terms_as_gold():

@@ -111,14 +111,6 @@ def write_rows(rows: Sequence[dict], url: str) -> None:
     storage.write_bytes_atomic(url, payload)
 
 
-def read_rows(url: str) -> list[dict]:
-    """All rows of a parquet or jsonl file (small files: tests, mining inputs)."""
-    data = storage.read_bytes(url)
-    if data_format(url, None) == "jsonl":
-        return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
-    return pq.read_table(io.BytesIO(data)).to_pylist()
-
-
 # --- converters -------------------------------------------------------------------------------------------
 
 
