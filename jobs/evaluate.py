@@ -19,9 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 from embedlib.config import values_from_args  # noqa: E402
 from embedlib.data import resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
-from embedlib.eval.job import EvalConfig, run_evaluation  # noqa: E402
-from embedlib.eval.report import report_markdown  # noqa: E402
-from embedlib.eval.systems import model_name  # noqa: E402
+from embedlib.eval.config import EvalConfig, model_name  # noqa: E402
 from embedlib.submitted import check_submitted_paths  # noqa: E402
 
 
@@ -92,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def evaluate(argv: list[str] | None) -> int:
     config = config_from_args(parse_args(argv))
+    from embedlib.eval.job import run_evaluation  # torch and the models: once the config is valid
+    from embedlib.eval.report import report_markdown
+
     document = run_evaluation(config)
     print(report_markdown(document))
     print(f"\nreport written to {config.out}")

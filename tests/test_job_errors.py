@@ -104,6 +104,14 @@ def test_a_submitted_job_refuses_relative_paths_and_says_why(tmp_path, job, args
     assert seconds < FAIL_FAST_S
 
 
+def test_the_evaluate_and_index_jobs_check_their_configs_without_torch():
+    """Flags and configs are validated before torch or the models load (EvalConfig lives in eval/config.py)."""
+    code = ("import sys; sys.path.insert(0, 'jobs'); import evaluate, index; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_relative_paths_are_fine_outside_a_submitted_job():
     from embedlib.submitted import check_submitted_paths
 

@@ -28,15 +28,17 @@ from tqdm.auto import tqdm
 from embedlib import storage
 from embedlib.encoding.batching import pad_batch, plan_batches
 from embedlib.encoding.encoder import EncodeStats, check_texts
+from embedlib.encoding.representative_defaults import (  # noqa: F401 (DEFAULT_K_*: importable from here too)
+    DEFAULT_K_PASSAGE,
+    DEFAULT_K_QUERY,
+    DEFAULT_TOP_TERMS,
+)
 from embedlib.models.bidirectional import bidirectional_attention_mask
 from embedlib.models.diffusion_lm import DiffusionLM, load_causal_lm, load_diffusion_lm, save_diffusion_lm
 from embedlib.models.loading import state_dict_hash
 
 Kind = Literal["query", "passage"]
 KINDS = ("query", "passage")
-DEFAULT_K_QUERY = 4
-DEFAULT_K_PASSAGE = 16
-DEFAULT_TOP_TERMS = 128
 
 
 @dataclass(frozen=True)

@@ -220,16 +220,3 @@ class ShardedIndexSystem(System):
         shards = self.index.manifest["shards"]
         docs = sum(entry.get("docs", entry["rows"]) for entry in shards)
         return sum(entry["bytes"] for entry in shards) / max(docs, 1)
-
-
-def model_name(spec: str) -> tuple[str, str]:
-    """``NAME=PATH`` or ``PATH`` -> (name, path); a bare path is named after its folder."""
-    head, sep, tail = spec.partition("=")
-    if sep and "/" not in head and ":" not in head:
-        return head, tail
-    parts = [p for p in spec.rstrip("/").split("/") if p]
-    name = parts[-1] if parts else spec
-    if name == "model" and len(parts) > 1:
-        name = parts[-2]
-    return name, spec
-

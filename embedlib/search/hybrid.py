@@ -11,16 +11,18 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import scipy.sparse as sp
 
 from embedlib import storage
-from embedlib.encoding.representative_tokens import RepresentativeTokens
 from embedlib.search.multivector import DEFAULT_FACTORY, MultiVectorIndex, maxsim_scores, top_k
 from embedlib.search.results import SearchResult
 from embedlib.search.sparse import SparseIndex, sparse_scores
+
+if TYPE_CHECKING:  # annotations only: search stays torch-free (configs import its modes)
+    from embedlib.encoding.representative_tokens import RepresentativeTokens
 
 Mode = Literal["dense", "sparse", "hybrid"]
 MODES = ("dense", "sparse", "hybrid")
