@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
-from result_file import Result, add_result_argument
+from result_file import parse_with_result
 
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
 from embedlib.eval.beir import load_beir
@@ -92,9 +92,7 @@ def main() -> None:
     parser.add_argument("--eval-max-length", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=64, help="width of the Qwen3 pretrained here")
     parser.add_argument("--layers", type=int, default=2, help="depth of the Qwen3 pretrained here")
-    add_result_argument(parser, "diffretriever_finetune")
-    args = parser.parse_args()
-    result = Result(args.result)
+    args, result = parse_with_result(parser, "diffretriever_finetune")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()

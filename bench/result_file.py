@@ -90,3 +90,10 @@ class Result:
 def add_result_argument(parser, default: str) -> None:
     """``--result NAME``: the result file ``bench/results/NAME.json`` (a variant of a bench gets its own name)."""
     parser.add_argument("--result", default=default, help=f"result name: bench/results/NAME.json (default {default})")
+
+
+def parse_with_result(parser, default: str):
+    """``--result NAME`` added, the command line parsed: ``(args, Result(NAME))``, the clock started."""
+    add_result_argument(parser, default)
+    args = parser.parse_args()
+    return args, Result(args.result)

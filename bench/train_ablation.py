@@ -17,7 +17,7 @@ import random
 import time
 from pathlib import Path
 
-from result_file import Result, add_result_argument
+from result_file import parse_with_result
 from train_common import plain_loop, retrieval_scores
 
 from embedlib.encoding.encoder import Encoder
@@ -64,9 +64,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--pretrain-lr", type=float, default=2e-3)
     parser.add_argument("--pair-lr", type=float, default=1e-3)
-    add_result_argument(parser, "train_ablation")
-    args = parser.parse_args()
-    result = Result(args.result)
+    args, result = parse_with_result(parser, "train_ablation")
     work = Path(args.work)
     started = time.time()
     files = sorted((DATA / "text" / "gutenberg").glob("*.txt")) + [DATA / "text" / "wikitext2.valid.tokens"]

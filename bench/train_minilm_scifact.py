@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import ray
 import torch
-from result_file import Result, add_result_argument
+from result_file import parse_with_result
 from train_common import retrieval_scores
 
 from embedlib.data import default_model_path
@@ -90,9 +90,7 @@ def main() -> None:
         default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"),
         help="embedding cache shared with the evaluation benches (keyed by weights hash)",
     )
-    add_result_argument(parser, "train_minilm_scifact")
-    args = parser.parse_args()
-    result = Result(args.result)
+    args, result = parse_with_result(parser, "train_minilm_scifact")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
