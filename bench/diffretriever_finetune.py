@@ -10,7 +10,6 @@ the evaluation job's library (what ``jobs/evaluate.py --method diffretriever`` r
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+from result_file import parse_with_result
 
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
 from embedlib.eval.beir import load_beir
@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--eval-max-length", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=64, help="width of the Qwen3 pretrained here")
     parser.add_argument("--layers", type=int, default=2, help="depth of the Qwen3 pretrained here")
-    args = parser.parse_args()
+    args, result = parse_with_result(parser, "diffretriever_finetune")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -114,9 +114,7 @@ def main() -> None:
     cosine = {"zero-shot": mask_state_cosine(model, probe), "fine-tuned": mask_state_cosine(str(work / "finetuned"), probe)}
     for name, history in curves.items():
         (work / f"{name.split()[0].lower()}_loss.png").write_bytes(loss_curves_png({name: history}))
-    (work / "summary.json").write_text(json.dumps({"args": vars(args), "results": results,
-                                                   "mask_state_cosine": cosine, "wall_s": time.time() - started},
-                                                  indent=1))
+    result.write({"args": vars(args), "results": results, "mask_state_cosine": cosine})
     print(f"\nSciFact test, model {model} ({len(pairs)} train pairs, {args.finetune_steps} fine-tuning steps)")
     print(f"{'system':<24}{'zero-shot nDCG@10':>19}{'R@100':>8}{'fine-tuned nDCG@10':>20}{'R@100':>8}{'B/doc':>9}")
     for name, entry in results["fine-tuned"].items():

@@ -9,8 +9,8 @@ generation with a KV cache) and the same weights loaded as a bidirectional maske
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +23,9 @@ from embedlib.models.diffusion_lm import load_diffusion_lm
 from embedlib.models.tiny import make_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from result_file import Result  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -97,6 +100,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     args = parse_args()
+    name = "diffretriever_latency" + ("_ar_no_cache" if args.ar_no_cache else "")
+    result = Result(name)
     torch.set_num_threads(args.threads)
     texts = load_beir(args.dataset).doc_texts()[: args.texts]
     out = Path(args.out)
@@ -131,11 +136,9 @@ def main() -> None:
                 f"{k:>3} | {row['diffusion_ms']:>17.2f} | {diff_passes:>6} | {row['ar_ms']:>10.2f} | "
                 f"{ar_passes:>6} | {row['speedup']:.2f}x"
             )
-    result = {"args": vars(args), "params": params, "rows": rows}
-    name = "diffretriever_latency" + ("_ar_no_cache" if args.ar_no_cache else "")
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    result.write({"args": vars(args), "params": params, "rows": rows}, folder=out)
     plot(rows, out / f"{name}.png")
-    print(f"wrote {out / name}.json and {out / name}.png")
+    print(f"wrote {out / name}.png")
 
 
 if __name__ == "__main__":

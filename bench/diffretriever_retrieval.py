@@ -11,7 +11,7 @@ the figures then check the pipeline, not the method.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,13 +22,17 @@ import torch
 from embedlib.encoding.formats import embedded_text
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder, RepresentativeTokens
 from embedlib.eval.beir import BeirDataset, load_beir
-from embedlib.eval.metrics import evaluate_run, run_from_topk
+from embedlib.eval.metrics import evaluate_run, run_from_hits
 from embedlib.search.adaptive_k import KRouter, UnigramModel, budget_report
 from embedlib.search.bm25 import BM25Index
 from embedlib.search.hybrid import MODES, DiffRetrieverIndex, exhaustive_scores
 from embedlib.search.multivector import top_k
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from result_file import Result, add_result_argument  # noqa: E402
+
 METRIC = "ndcg@10"
 
 
@@ -44,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    add_result_argument(parser, "diffretriever_retrieval")
     return parser.parse_args()
 
 
@@ -61,8 +66,7 @@ def subset(dataset: BeirDataset, extra: BeirDataset | None, max_docs: int | None
 
 
 def evaluate(qrels, query_ids, doc_ids, scores: np.ndarray) -> tuple[dict, dict]:
-    positions, best = top_k(scores, 100)
-    return evaluate_run(qrels, run_from_topk(query_ids, doc_ids, positions, best), k_values=(10, 100))
+    return evaluate_run(qrels, run_from_hits(query_ids, top_k(scores, 100).named(doc_ids)), k_values=(10, 100))
 
 
 def per_query(per: dict, query_ids: list[str]) -> np.ndarray:
@@ -71,6 +75,7 @@ def per_query(per: dict, query_ids: list[str]) -> np.ndarray:
 
 def main() -> None:
     args = parse_args()
+    result = Result(args.result)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
-            from embedlib.models.diffusion_lm import make_tiny_diffusion_qwen3_checkpoint
+            from embedlib.models.tiny_diffusion import make_tiny_diffusion_qwen3_checkpoint
 
             model = str(make_tiny_diffusion_qwen3_checkpoint(Path(tmp) / "tiny-diffusion-qwen3"))
         encoder = DiffRetrieverEncoder.from_pretrained(model, device="cpu", max_length=args.max_length)
@@ -102,9 +107,8 @@ def main() -> None:
 
     results: dict[str, dict] = {}
     bm25 = BM25Index(doc_ids, texts)
-    positions, scores = bm25.search(query_texts, 100)
     results["BM25 (reference)"] = evaluate_run(
-        test.qrels, run_from_topk(query_ids, doc_ids, positions, scores), k_values=(10, 100)
+        test.qrels, run_from_hits(query_ids, bm25.search(query_texts, 100)), k_values=(10, 100)
     )[0]
     per_query_dense: dict[int, np.ndarray] = {}
     for kq, kp in ((1, 1), (4, 16), (1, 16), (16, 16)):
@@ -122,10 +126,8 @@ def main() -> None:
 
     # Index path (FAISS multi-vector + integer inverted index) for the published setting K_q=4, K_p=16.
     index = DiffRetrieverIndex.build(docs[16])
-    index_positions, index_scores = index.search(query_tokens[4], 100, mode="hybrid", candidates=200)
-    index_means = evaluate_run(
-        test.qrels, run_from_topk(query_ids, doc_ids, index_positions, index_scores), k_values=(10, 100)
-    )[0]
+    found = index.search(query_tokens[4], 100, mode="hybrid", candidates=200).named(doc_ids)
+    index_means = evaluate_run(test.qrels, run_from_hits(query_ids, found), k_values=(10, 100))[0]
     storage = index.bytes_per_doc()
     print(
         f"\nindexed hybrid K_q=4 K_p=16 (candidates 200 per side): nDCG@10 {index_means['ndcg@10']:.4f}; "
@@ -170,9 +172,9 @@ def main() -> None:
         "adaptive": budget,
         "docs_per_second": {str(k): len(texts) / s for k, s in encode_seconds.items()},
     }
-    (out / "diffretriever_retrieval.json").write_text(json.dumps(report, indent=2))
-    plot(results, out / "diffretriever_retrieval.png")
-    print(f"wrote {out / 'diffretriever_retrieval.json'} and {out / 'diffretriever_retrieval.png'}")
+    result.write(report, folder=out)
+    plot(results, out / f"{args.result}.png")
+    print(f"wrote {out / args.result}.png")
 
 
 def plot(results: dict[str, dict], path: Path) -> None:

@@ -22,15 +22,16 @@ from embedlib.data import default_model_path
 from embedlib.encoding.formats import similarity
 from embedlib.encoding.quantize import quantize
 from embedlib.eval.beir import load_beir
-from embedlib.eval.metrics import evaluate_run, run_from_topk
+from embedlib.eval.metrics import evaluate_run, run_from_hits
+from embedlib.search.results import SearchResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def exact_topk(query_vectors: np.ndarray, doc_vectors: np.ndarray, quantization: str, k: int):
+def exact_topk(query_vectors: np.ndarray, doc_vectors: np.ndarray, quantization: str, k: int) -> SearchResult:
     scores = similarity(query_vectors, doc_vectors, quantization)
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return top, np.take_along_axis(scores, top, axis=1)
+    return SearchResult(positions=top, scores=np.take_along_axis(scores, top, axis=1))
 
 
 def quality(encoder: Encoder, dataset_url: str) -> dict[str, float]:
@@ -43,8 +44,8 @@ def quality(encoder: Encoder, dataset_url: str) -> dict[str, float]:
     results = {}
     for quantization in ("float", "int8", "binary"):
         q, d = quantize(query_vectors, quantization), quantize(docs, quantization)
-        top, scores = exact_topk(q, d, quantization, 1000)
-        metrics, _ = evaluate_run(data.qrels, run_from_topk(list(queries), data.doc_ids(), top, scores))
+        found = exact_topk(q, d, quantization, 1000).named(data.doc_ids())
+        metrics, _ = evaluate_run(data.qrels, run_from_hits(list(queries), found))
         results[quantization] = metrics["ndcg@10"]
     return results
 

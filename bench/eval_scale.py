@@ -19,11 +19,12 @@ if __name__ == "__main__":
     parser.add_argument("--quantization", default="float,int8,binary")
     args = parser.parse_args()
     out = "outputs/eval/scifact-scale" + ("-bm25" if args.bm25_only else "") + ("-index" if args.scale_index else "")
+    name = "eval_scale" + ("_bm25" if args.bm25_only else "") + ("_through_index" if args.scale_index else "")
     model = [] if args.bm25_only else ["--model", minilm(), "--quantization", args.quantization]
     through_index = ["--scale-index", args.scale_index] if args.scale_index else []
     document = run_job(["--dataset", str(SHARED / "scifact"), *model, "--bm25", *through_index,
                         "--distractors", str(SHARED / "text"), "--distractor-max-words", "32",
-                        "--scale", args.scale], out)
+                        "--scale", args.scale], out, name)
     print(f"\n{'system':28s}{'scale':>6s}{'documents':>11s}{'R@10':>8s}{'R@100':>8s}{'R@1000':>8s}")
     for name, points in document["scale"]["points"].items():
         for p in points:

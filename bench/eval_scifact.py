@@ -9,7 +9,7 @@ PUBLISHED, TOLERANCE = 0.645, 0.005
 
 if __name__ == "__main__":
     out = "outputs/eval/scifact"
-    document = run_job(["--dataset", str(SHARED / "scifact"), "--model", minilm(), "--bm25"], out)
+    document = run_job(["--dataset", str(SHARED / "scifact"), "--model", minilm(), "--bm25"], out, "eval_scifact")
     print_metrics(document, ("ndcg@10", "mrr@10", "recall@10", "recall@100", "recall@1000"))
     ndcg = document["systems"]["all-MiniLM-L6-v2/float"]["metrics"]["ndcg@10"]
     verdict = "within" if abs(ndcg - PUBLISHED) <= TOLERANCE else "OUTSIDE"

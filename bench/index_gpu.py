@@ -11,23 +11,19 @@ The vocabulary is the 2,048-token test tokenizer (not Qwen's 151,936): only the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from gpu_shapes import QWEN3_0_6B_SHAPE, gpu_bench_parser
+from result_file import Result
 
 from embedlib.data import sample_corpus_texts
 from embedlib.encoding.quantize import mean_pool, quantize_int8
 from embedlib.models.loading import load_backbone
-from embedlib.models.tiny import (
-    H200_BF16_DENSE_TFLOPS,
-    QWEN3_0_6B_SHAPE,
-    TINY_QWEN3_SHAPE,
-    make_tiny_checkpoint,
-)
+from embedlib.models.tiny import TINY_QWEN3_SHAPE, make_tiny_checkpoint
 
 
 def forward_flops_per_doc(shape: dict, seq: int) -> float:
@@ -103,16 +99,13 @@ def through_pipeline(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tiny", action="store_true", help="tiny shape on CPU (checks the script runs)")
+    parser = gpu_bench_parser(__doc__, "tiny shape on CPU (checks the script runs)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--docs", type=int, default=20_000, help="pipeline corpus size")
-    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = parser.parse_args()
+    result = Result("index_gpu" + ("_tiny" if args.tiny else ""))
     gpu = torch.cuda.is_available() and not args.tiny
     device, dtype = ("cuda", "bf16") if gpu else ("cpu", "fp32")
     shape = TINY_QWEN3_SHAPE if args.tiny else QWEN3_0_6B_SHAPE
@@ -132,12 +125,15 @@ def main() -> None:
         raw = raw_loop(model_dir, device, dtype, args.batch, args.seq, args.steps)
         corpus = long_corpus(tmp / "corpus.jsonl", args.docs, chars=8 * args.seq)
         piped = through_pipeline(model_dir, corpus, str(tmp / "index"), gpu, dtype, args.batch, args.seq)
+    figures = {"args": vars(args), "gflop_per_doc": flops / 1e9}
     for name, rate in (("raw PyTorch loop", raw), ("pipeline (Ray Data actor pool)", piped)):
         mfu = rate * flops / (args.peak_tflops * 1e12)
+        figures[name] = {"docs_per_s": rate, "tflops": rate * flops / 1e12, "mfu": mfu}
         print(
             f"{name}: {rate:.1f} docs/s, {rate * flops / 1e12:.1f} TFLOP/s, MFU {mfu:.3f} "
             f"(of {args.peak_tflops:.0f} TFLOP/s peak, {flops / 1e9:.1f} GFLOP/doc)"
         )
+    result.write(figures)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from result_file import Result  # noqa: E402
 
 from embedlib.encoding.quantize import quantize_int8  # noqa: E402
-from embedlib.index.faiss_shards import deserialize, shard_index, trained_template, unit_scale  # noqa: E402
-from embedlib.index.sharded import Shard, ShardedIndex  # noqa: E402
+from embedlib.index.faiss_shards import (  # noqa: E402
+    Shard,
+    deserialize,
+    shard_index,
+    trained_template,
+    unit_scale,
+)
+from embedlib.index.sharded import ShardedIndex  # noqa: E402
 
 
 def synthetic_int8(n: int, dim: int, clusters: int, seed: int, centers: np.ndarray | None = None):
@@ -82,6 +89,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--plot", default="outputs/bench/index_ivf.png")
     args = parser.parse_args()
+    result = Result("index_ivf")
 
     t = time.perf_counter()
     vectors, centers = synthetic_int8(args.n, args.dim, args.clusters, seed=0)
@@ -95,18 +103,18 @@ def main() -> None:
     flat_template = trained_template("int8", "flat", args.dim, flat, vectors[:1])
     single = in_memory_index(build_shards(vectors, 1, "flat", flat, flat_template)[0], args.dim, "flat")
     t = time.perf_counter()
-    exact_scores, exact_ids = single.search(queries, args.k)
+    exact = single.search(queries, args.k)
     exact_seconds = time.perf_counter() - t
     print(f"exact search: {args.queries / exact_seconds:.1f} QPS")
 
     sharded = in_memory_index(
         build_shards(vectors, args.shards, "flat", flat, flat_template)[0], args.dim, "flat"
     )
-    sharded_scores, sharded_ids = sharded.search(queries, args.k)
-    same = float(np.mean([a == b for a, b in zip(sharded_ids, exact_ids, strict=True)]))
+    found = sharded.search(queries, args.k)
+    same = float(np.mean([a == b for a, b in zip(found.ids, exact.ids, strict=True)]))
     print(
         f"sharded flat ({args.shards} shards) vs one flat index: identical top-{args.k} for {same:.4f} of queries, "
-        f"max score difference {np.abs(sharded_scores - exact_scores).max():.2e}"
+        f"max score difference {np.abs(found.scores - exact.scores).max():.2e}"
     )
 
     t = time.perf_counter()
@@ -130,9 +138,9 @@ def main() -> None:
     results = []
     for nprobe in args.nprobe:
         t = time.perf_counter()
-        _, ids = ivf.search(queries, args.k, nprobe=nprobe)
+        ids = ivf.search(queries, args.k, nprobe=nprobe).ids
         qps = args.queries / (time.perf_counter() - t)
-        recall = recall_at_k(ids, exact_ids, args.k)
+        recall = recall_at_k(ids, exact.ids, args.k)
         results.append((nprobe, qps, recall))
         print(
             f"  nprobe {nprobe:4d}: recall@{args.k} vs exact {recall:.4f}, {qps:.1f} QPS "
@@ -156,6 +164,11 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)
     print(f"plot: {args.plot}")
+    result.write({
+        "args": vars(args), "exact_qps": args.queries / exact_seconds, "sharded_identical_fraction": same,
+        "ivf_build_seconds": build_seconds, "ivf_index_bytes_per_vector": index_bytes / args.n,
+        "nprobe": [{"nprobe": n, "qps": q, f"recall@{args.k}": r} for n, q, r in results],
+    })
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ from embedlib.data import default_model_path
 from embedlib.encoding.encoder import Encoder
 from embedlib.encoding.formats import cosine_similarity
 from embedlib.eval.beir import load_beir
-from embedlib.eval.metrics import evaluate_run, run_from_topk
+from embedlib.eval.metrics import evaluate_run, run_from_hits
 from embedlib.index import IndexJobConfig, ShardedIndex, build_index
+from embedlib.search.multivector import top_k
 
 SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
 
@@ -93,16 +94,11 @@ def main() -> None:
         queries = dataset.judged_queries()
         query_vectors = encoder.encode(list(queries.values()), quantization="int8")
         exact = cosine_similarity(query_vectors, doc_vectors)
-        top = np.argsort(-exact, axis=1, kind="stable")[:, :10]
-        exact_run = run_from_topk(list(queries), ids, top, np.take_along_axis(exact, top, 1))
+        exact_run = run_from_hits(list(queries), top_k(exact, 10).named(ids))
         exact_ndcg = evaluate_run(dataset.qrels, exact_run, (10,))[0]["ndcg@10"]
 
         index = ShardedIndex.open(tmp / "index", model=encoder)
-        scores, hits = index.search(list(queries.values()), k=10)
-        run = {
-            qid: {d: float(s) for d, s in zip(row_ids, row, strict=True) if d is not None}
-            for qid, row_ids, row in zip(queries, hits, scores, strict=True)
-        }
+        run = run_from_hits(list(queries), index.search(list(queries.values()), k=10))
         index_ndcg = evaluate_run(dataset.qrels, run, (10,))[0]["ndcg@10"]
         same = np.mean([set(run[q]) == set(exact_run[q]) for q in queries])
         print(

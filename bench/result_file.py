@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -17,15 +16,12 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout's embedlib, whichever folder the bench runs from
+
+from embedlib.provenance import git_commit  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
-LIBRARIES = ("torch", "transformers", "ray", "faiss-cpu", "faiss-gpu-cu12", "pyarrow", "polars", "deepspeed")
-
-
-def git_commit() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "embedlib"))}
+LIBRARIES = ("torch", "transformers", "ray", "faiss-cpu", "pyarrow", "polars", "deepspeed")
 
 
 def cpu_model() -> str:
@@ -71,7 +67,7 @@ class Result:
         self.argv = argv if argv is not None else sys.argv
         self.started = time.perf_counter()
         self.started_at = datetime.now(UTC).isoformat()
-        self.git = git_commit()  # the code that ran: taken at the start, not when the result is written
+        self.git = git_commit(ROOT)  # the code that ran: taken at the start, not when the result is written
 
     def write(self, figures: dict, folder: Path = RESULTS) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
@@ -89,3 +85,15 @@ class Result:
         path.write_text(json.dumps(document, indent=2, default=str) + "\n")
         print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
         return path
+
+
+def add_result_argument(parser, default: str) -> None:
+    """``--result NAME``: the result file ``bench/results/NAME.json`` (a variant of a bench gets its own name)."""
+    parser.add_argument("--result", default=default, help=f"result name: bench/results/NAME.json (default {default})")
+
+
+def parse_with_result(parser, default: str):
+    """``--result NAME`` added, the command line parsed: ``(args, Result(NAME))``, the clock started."""
+    add_result_argument(parser, default)
+    args = parser.parse_args()
+    return args, Result(args.result)

@@ -17,15 +17,15 @@ import random
 import time
 from pathlib import Path
 
-from train_common import plain_loop
+from result_file import parse_with_result
+from train_common import plain_loop, retrieval_scores
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import load_beir
 from embedlib.models.tiny import make_tiny_checkpoint
-from embedlib.training.causal_ablation import LastTokenEncoder
+from embedlib.training.causal_ablation import load_causal_backbone
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.data import beir_pairs, text_rows
-from embedlib.training.evaluate import retrieval_scores
 from embedlib.training.plots import loss_curves_png
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--pretrain-lr", type=float, default=2e-3)
     parser.add_argument("--pair-lr", type=float, default=1e-3)
-    args = parser.parse_args()
+    args, result = parse_with_result(parser, "train_ablation")
     work = Path(args.work)
     started = time.time()
     files = sorted((DATA / "text" / "gutenberg").glob("*.txt")) + [DATA / "text" / "wikitext2.valid.tokens"]
@@ -85,7 +85,7 @@ def main() -> None:
         trained = work / f"{tag}-pair"
         curves[name] = plain_loop(config("pair", pretrained, trained, causal, args.pair_steps, args), pairs)
         encoder = (
-            LastTokenEncoder.from_pretrained(trained)
+            Encoder(load_causal_backbone(trained))
             if causal
             else Encoder.from_pretrained(trained, device="cpu")
         )
@@ -99,9 +99,7 @@ def main() -> None:
     (work / "pretrain_loss_curves.png").write_bytes(
         loss_curves_png(pretrain_curves, ylabel="pretraining loss")
     )
-    (work / "summary.json").write_text(
-        json.dumps({"scores": scores, "pair_curves": curves, "args": vars(args)})
-    )
+    result.write({"scores": scores, "pair_curves": curves, "args": vars(args)})
     print(
         f"\n{'arm':<40}" + "".join(f"{ds + ' nDCG@10':>20}" for ds in EVAL_SETS) + f"{'final pair loss':>18}"
     )

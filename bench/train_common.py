@@ -1,4 +1,5 @@
-"""Shared by the training benches: a plain single-process PyTorch loop over the same stage modules.
+"""Shared by the training benches: a plain single-process PyTorch loop over the same stage modules, and the
+retrieval scores of a trained checkpoint through the evaluation library's exact INT8 search.
 
 It is the reference the Ray Train + DeepSpeed runner is measured against (throughput), and the cheap way to
 run the small ablation at equal compute on a shared 2-core machine.
@@ -11,6 +12,10 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from embedlib.encoding.encoder import Encoder
+from embedlib.eval.beir import load_beir
+from embedlib.eval.run import evaluate_systems
+from embedlib.eval.systems import DenseSystem, ModelEmbeddings
 from embedlib.training.config import TrainConfig
 from embedlib.training.runner import count_tokens, lr_lambda, save_trained_model
 from embedlib.training.stages import build_stage
@@ -52,3 +57,18 @@ def plain_loop(cfg: TrainConfig, rows: list[dict], save: bool = True) -> list[di
     if save:
         save_trained_model(parts, cfg)
     return history
+
+
+def retrieval_scores(
+    encoder: Encoder,
+    dataset_url: str,
+    split: str = "test",
+    cache: str | None = None,
+    name: str = "model",
+    quantization: str = "int8",
+) -> dict[str, float]:
+    """nDCG@10 / recall@100 / MRR@10 of ``encoder`` on a BEIR-layout dataset (exact FAISS search)."""
+    dataset = load_beir(dataset_url, split)
+    system = DenseSystem(ModelEmbeddings(name, encoder, cache=cache), quantization)
+    result = evaluate_systems(dataset, [system], max_k=100)[0]
+    return {key: result.metrics[key] for key in ("ndcg@10", "mrr@10", "recall@100")}

@@ -12,17 +12,18 @@ FLOPs per token: 6·N (N = every parameter that takes part in a matmul, the tied
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
 import torch
+from gpu_shapes import QWEN3_0_6B_SHAPE, gpu_bench_parser
+from result_file import Result
 
 from embedlib.models.bidirectional import BidirectionalQwen3ForMaskedLM, to_bidirectional_config
-from embedlib.models.tiny import H200_BF16_DENSE_TFLOPS, QWEN3_0_6B_SHAPE, tiny_qwen3_config
+from embedlib.models.tiny import tiny_qwen3_config
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.runner import make_engine
-from embedlib.training.stages import DiffusionLM
+from embedlib.training.stages import DiffusionObjective
 
 QWEN3_VOCAB = 151936
 QWEN3_MASK_ID = 151669  # first embedding row past the tokenizer's 151669 tokens: never produced by it
@@ -48,16 +49,13 @@ def init_single_process_group(backend: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tiny", action="store_true", help="small shapes, fp32, CPU")
+    parser = gpu_bench_parser(__doc__, "small shapes, fp32, CPU")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     args = parser.parse_args()
+    result = Result("train_gpu" + ("_tiny" if args.tiny else ""))
     cuda = torch.cuda.is_available() and not args.tiny
     if args.tiny:
         config = tiny_qwen3_config(2048)
@@ -70,7 +68,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = BidirectionalQwen3ForMaskedLM(to_bidirectional_config(config))
     params = sum(p.numel() for p in model.parameters())
-    module = DiffusionLM(model, mask_id, seed=0).to(device)
+    module = DiffusionObjective(model, mask_id, seed=0).to(device)
     cfg = from_dict(
         TrainConfig,
         {
@@ -123,6 +121,11 @@ def main() -> None:
     )
     if cuda:
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    result.write({
+        "args": vars(args), "parameters": params, "tokens_per_s": tokens_per_s, "tflops": achieved / 1e12,
+        "mfu": achieved / (args.peak_tflops * 1e12),
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+    })
 
 
 if __name__ == "__main__":

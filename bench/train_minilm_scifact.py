@@ -18,13 +18,14 @@ from types import SimpleNamespace
 
 import ray
 import torch
+from result_file import parse_with_result
+from train_common import retrieval_scores
 
 from embedlib.data import default_model_path
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import load_beir
 from embedlib.training.config import TrainConfig, from_dict
 from embedlib.training.data import beir_pairs, mine_bm25_negatives, write_rows
-from embedlib.training.evaluate import retrieval_scores
 from embedlib.training.plots import loss_curves_png
 from embedlib.training.runner import train
 
@@ -89,7 +90,7 @@ def main() -> None:
         default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"),
         help="embedding cache shared with the evaluation benches (keyed by weights hash)",
     )
-    args = parser.parse_args()
+    args, result = parse_with_result(parser, "train_minilm_scifact")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -122,7 +123,7 @@ def main() -> None:
         "median_tokens_per_s": sorted(tokens_per_s)[len(tokens_per_s) // 2],
         "wall_s": time.time() - started,
     }
-    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    result.write(summary)
     print(f"{'dataset':<16}{'nDCG@10 before':>16}{'nDCG@10 after':>16}")
     for name in before:
         print(f"{name:<16}{before[name]['ndcg@10']:>16.4f}{after[name]['ndcg@10']:>16.4f}")

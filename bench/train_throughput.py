@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import ray
+from result_file import Result
 from train_common import plain_loop
 
 from embedlib.models.tiny import make_tiny_checkpoint
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the median")
     args = parser.parse_args()
+    result = Result("train_throughput")
     work = Path(tempfile.mkdtemp(prefix="embedlib-throughput-"))
     rows = text_rows([TEXT / "tinyshakespeare.txt"], chars_per_row=1200)
     write_rows(rows, str(work / "text.parquet"))
@@ -65,6 +67,8 @@ def main() -> None:
     )
     print(f"Ray Train + DeepSpeed ZeRO-2: {runner_tps:10.0f} tokens/s")
     print(f"ratio runner / plain      : {runner_tps / plain_tps:.2f}  (acceptance: >= 0.8)")
+    result.write({"args": vars(args), "plain_tokens_per_s": plain_tps, "runner_tokens_per_s": runner_tps,
+                  "ratio": runner_tps / plain_tps})
 
 
 if __name__ == "__main__":

@@ -117,3 +117,16 @@ def read_yaml(path_or_url: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: must hold a mapping of config fields, got {type(values).__name__}")
     return values
+
+
+def values_from_args(config_cls: type, args: Any) -> dict[str, Any]:
+    """A job's config values: the ``--config`` YAML file (if any), then every command-line flag named like a
+    field of ``config_cls`` over it, then ``--no-progress`` as ``show_progress: false``."""
+    values = read_yaml(args.config) if getattr(args, "config", None) else {}
+    for field in dataclasses.fields(config_cls):
+        flag = getattr(args, field.name, None)
+        if flag is not None:
+            values[field.name] = flag
+    if getattr(args, "no_progress", False):
+        values["show_progress"] = False
+    return values

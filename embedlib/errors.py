@@ -7,7 +7,8 @@ Messages name the field, file or URL at fault, with any credentials redacted (``
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 USER_ERROR_STATUS = 2  # argparse's status for a bad command line: both mean "fix what you asked for"
 
@@ -52,3 +53,20 @@ def run_job(name: str, job: Callable[[], int | None]) -> int:
             raise
         print(f"{name}: error: {one_line(user_error)}", file=sys.stderr)
         return USER_ERROR_STATUS
+
+
+@contextmanager
+def storage_failures_as(error_cls: type[UserError], url: str, missing: str, unreadable: str) -> Iterator[None]:
+    """Storage failures about ``url`` raised as ``error_cls`` with one-line messages that name the (redacted) URL:
+    ``missing`` for a missing object, ``unreadable`` and the masked cause for any other failure."""
+    from embedlib import storage
+
+    where = storage.redact_url(url)
+    try:
+        yield
+    except FileNotFoundError:
+        raise error_cls(f"{where}: {missing}") from None
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the cause's own text may hold the URL's credentials: masked, unchained
+        raise error_cls(f"{where}: {unreadable} ({storage.error_text(err, url)})") from None

@@ -11,18 +11,16 @@ mistake the user can fix (flag, config, dataset, model path) exits with status 2
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
-from embedlib.config import read_yaml  # noqa: E402
+from embedlib.config import values_from_args  # noqa: E402
 from embedlib.data import resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
-from embedlib.eval.job import EvalConfig, run_evaluation  # noqa: E402
-from embedlib.eval.report import report_markdown  # noqa: E402
-from embedlib.eval.systems import model_name  # noqa: E402
+from embedlib.eval.config import EvalConfig, model_name  # noqa: E402
+from embedlib.submitted import check_submitted_paths  # noqa: E402
 
 
 def comma_list(kind):
@@ -73,14 +71,14 @@ def named_model(spec: str) -> str:
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     """The validated config: ``--config`` YAML, then the flags over it; model names resolved."""
-    values = read_yaml(args.config) if args.config else {}
-    for field in dataclasses.fields(EvalConfig):
-        flag = getattr(args, field.name, None)
-        if flag is not None:
-            values[field.name] = flag
-    if args.no_progress:
-        values["show_progress"] = False
+    values = values_from_args(EvalConfig, args)
     config = EvalConfig.from_dict(values)
+    check_submitted_paths(
+        {"out": config.out, "dataset": config.dataset, "distractors": config.distractors,
+         "scale_index": config.scale_index, "bitext": config.bitext}
+        | {f"models[{i}]": model_name(spec)[1] for i, spec in enumerate(config.models)}
+        | {f"indexes[{i}]": url for i, url in enumerate(config.indexes)}
+    )
     config.models = [named_model(spec) for spec in config.models]
     return config
 
@@ -92,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def evaluate(argv: list[str] | None) -> int:
     config = config_from_args(parse_args(argv))
+    from embedlib.eval.job import run_evaluation  # torch and the models: once the config is valid
+    from embedlib.eval.report import report_markdown
+
     document = run_evaluation(config)
     print(report_markdown(document))
     print(f"\nreport written to {config.out}")

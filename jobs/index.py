@@ -10,16 +10,16 @@ line on stderr; flags and the config are checked before Ray or torch are importe
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
-from embedlib.config import read_yaml  # noqa: E402
+from embedlib.config import values_from_args  # noqa: E402
 from embedlib.data import SAMPLE_DATASET, resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.index.config import IndexJobConfig  # noqa: E402
+from embedlib.submitted import check_submitted_paths  # noqa: E402
 
 DEFAULT_OUTPUT = "outputs/index"
 
@@ -66,16 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> IndexJobConfig:
     """The validated config: ``--config`` YAML, then the flags over it; the default model's name resolved."""
-    values = read_yaml(args.config) if args.config else {}
-    for field in dataclasses.fields(IndexJobConfig):
-        flag = getattr(args, field.name, None)
-        if flag is not None:
-            values[field.name] = flag
+    values = values_from_args(IndexJobConfig, args)
     values.setdefault("input", str(SAMPLE_DATASET / "corpus.jsonl"))
     values.setdefault("output", DEFAULT_OUTPUT)
-    if args.no_progress:
-        values["show_progress"] = False
     cfg = IndexJobConfig.from_dict(values)
+    check_submitted_paths({"input": cfg.input, "output": cfg.output, "model": cfg.model})
     if cfg.model:
         cfg.model = resolve_model(cfg.model)
     return cfg
@@ -84,16 +79,12 @@ def config_from_args(args: argparse.Namespace) -> IndexJobConfig:
 def evaluate_sample(output: str) -> dict[str, float]:
     """nDCG@10 etc. of the published index on the bundled sample's judged queries."""
     from embedlib.eval.beir import load_beir
-    from embedlib.eval.metrics import evaluate_run
+    from embedlib.eval.metrics import evaluate_run, run_from_hits
     from embedlib.index.sharded import ShardedIndex
 
     dataset = load_beir(str(SAMPLE_DATASET))
     queries = dataset.judged_queries()
-    scores, ids = ShardedIndex.open(output).search(list(queries.values()), k=100)
-    run = {
-        qid: {d: float(s) for d, s in zip(row_ids, row, strict=True) if d is not None}
-        for qid, row_ids, row in zip(queries, ids, scores, strict=True)
-    }
+    run = run_from_hits(list(queries), ShardedIndex.open(output).search(list(queries.values()), k=100))
     means, _ = evaluate_run(dataset.qrels, run, k_values=(10, 100))
     return means
 

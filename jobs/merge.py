@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
 from embedlib.errors import run_job  # noqa: E402
+from embedlib.submitted import check_submitted_paths  # noqa: E402
 from embedlib.training.config import load_merge_config  # noqa: E402
 
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def merge(argv: list[str] | None) -> int:
     cfg = load_merge_config(parse_args(argv).config)
+    check_submitted_paths({"first": cfg.first, "second": cfg.second, "output": cfg.output})
     from embedlib.training.merge import merge_checkpoints  # torch: once the config is valid
 
     merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t)

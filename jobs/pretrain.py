@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.storage import redact_url  # noqa: E402
+from embedlib.submitted import check_submitted_paths  # noqa: E402
 from embedlib.training.config import ConfigError, TrainConfig, load_config, parse_overrides  # noqa: E402
 
 
@@ -50,6 +51,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     cfg = load_config(args.config, parse_overrides(args.set))
     if cfg.stage != "pretrain":
         raise ConfigError(f"{redact_url(args.config)}: stage must be 'pretrain', got {cfg.stage!r} (use jobs/train.py)")
+    check_submitted_paths({"model": cfg.model, "output": cfg.output, "data.url": cfg.data.url,
+                           "--prepare-tiny": args.prepare_tiny})
     return cfg
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.storage import redact_url  # noqa: E402
+from embedlib.submitted import check_submitted_paths  # noqa: E402
 from embedlib.training import config as training_config  # noqa: E402
 from embedlib.training.config import ConfigError, TrainConfig, load_config, parse_overrides  # noqa: E402
 
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", required=True, help="YAML training config (local path or URL)")
-    parser.add_argument("--stage", choices=STAGES, help="must match the config's stage when given")
+    parser.add_argument("--stage", choices=STAGES, help="overrides the config's stage")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     parser.add_argument("--prepare-beir", metavar="URL", help="write data.url from this BEIR dataset first")
     parser.add_argument("--split", default="train")
@@ -81,6 +82,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     cfg = load_config(args.config, overrides)
     if cfg.stage not in STAGES:
         raise ConfigError(f"{redact_url(args.config)}: stage {cfg.stage!r} is not one of {STAGES} (pretrain: jobs/pretrain.py)")
+    check_submitted_paths({"model": cfg.model, "output": cfg.output, "data.url": cfg.data.url,
+                           "--prepare-beir": args.prepare_beir})
     return cfg
 
 

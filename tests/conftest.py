@@ -164,3 +164,20 @@ def shard_tables(url: str | Path) -> list:
 def all_ids(url: str | Path) -> list[str]:
     """Every id in the index at ``url``, one per stored row."""
     return [i for t in shard_tables(url) for i in t.column("id").to_pylist()]
+
+
+def train_config(stage: str, model: str | Path, output: str | Path, data: dict, **fields):
+    """A validated ``TrainConfig`` for a test (nested fields as plain data, as in YAML)."""
+    from embedlib.training.config import TrainConfig, from_dict
+
+    return from_dict(TrainConfig, {"stage": stage, "model": str(model), "output": str(output), "data": data, **fields})
+
+
+def tiny_pretrain_values(model: str | Path, tmp_path: Path, run_name: str, **fields) -> dict:
+    """A one-worker pretraining run over ``tmp_path/text.jsonl`` with a checkpoint after every step."""
+    return {
+        "stage": "pretrain", "model": str(model), "output": str(tmp_path / "model"),
+        "data": {"url": str(tmp_path / "text.jsonl"), "max_length": 32}, "batch_size": 4,
+        "scaling": {"num_workers": 1, "cpus_per_worker": 0.5}, "checkpoint_url": str(tmp_path / "ckpt"),
+        "checkpoint_every": 1, "run_name": run_name, **fields,
+    }

@@ -17,14 +17,10 @@ from embedlib.models.bidirectional import (
     BidirectionalQwen2ForMaskedLM,
     BidirectionalQwen3ForMaskedLM,
 )
-from embedlib.models.diffusion_lm import (
-    LLADA_KEY_MAPPING,
-    LLADA_MASK_TOKEN_ID,
-    TINY_WRITERS,
-    load_diffusion_lm,
-)
+from embedlib.models.diffusion_lm import LLADA_KEY_MAPPING, LLADA_MASK_TOKEN_ID, load_diffusion_lm
 from embedlib.models.loading import CheckpointError
 from embedlib.models.tiny import train_bpe_tokenizer
+from embedlib.models.tiny_diffusion import TINY_WRITERS
 
 TEXTS = [
     "what similarity laws must be obeyed when constructing aeroelastic models of heated high speed aircraft",
@@ -218,10 +214,10 @@ def test_promptreps_baseline_runs_k_forward_passes_and_pads_on_the_left(tiny_mod
 def test_diffretriever_system_builds_and_searches_with_fixed_and_routed_budgets(encoders):
     from embedlib.data import SAMPLE_DATASET
     from embedlib.eval.beir import load_beir
+    from embedlib.eval.diffretriever import DiffRetrieverSettings, DiffRetrieverSystem
     from embedlib.search.adaptive_k import KRouter
-    from embedlib.search.diffretriever import DiffRetrieverSettings, DiffRetrieverSystem
     from embedlib.search.hybrid import exhaustive_scores
-    from embedlib.search.multivector import top_k
+    from embedlib.search.multivector import STORED_DTYPE, top_k
 
     dataset = load_beir(str(SAMPLE_DATASET))
     ids, texts = dataset.doc_ids()[:24], dataset.doc_texts()[:24]
@@ -230,13 +226,12 @@ def test_diffretriever_system_builds_and_searches_with_fixed_and_routed_budgets(
     settings = DiffRetrieverSettings(k_query=2, k_passage=4, mode="dense", candidates=24)
     system = DiffRetrieverSystem("tiny", encoder, settings, show_progress=False)
     system.build([(ids[:10], texts[:10]), (ids[10:], texts[10:])])
-    scores, found = system.search(queries, 5)
+    found = system.search(queries, 5)
     docs = encoder.encode(texts, k=4)
-    expected_positions, expected_scores = top_k(
-        exhaustive_scores(encoder.encode(queries, k=2, kind="query"), docs, "dense"), 5
-    )
-    assert found == [[ids[p] for p in row] for row in expected_positions]
-    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+    docs.dense = [d.astype(STORED_DTYPE).astype(np.float32) for d in docs.dense]  # as the index stores them
+    expected = top_k(exhaustive_scores(encoder.encode(queries, k=2, kind="query"), docs, "dense"), 5)
+    assert found.ids == expected.named(ids).ids
+    np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5)
     assert system.bytes_per_doc() > 4 * encoder.dim * 4
 
     router = KRouter(ks=(1, 8), thresholds=(210.0,))  # bits of information: splits these queries
@@ -244,12 +239,10 @@ def test_diffretriever_system_builds_and_searches_with_fixed_and_routed_budgets(
     routed.build([(ids, texts)])
     budgets = routed.query_budgets(queries)
     assert set(budgets.tolist()) == {1, 8}
-    _, routed_found = routed.search(queries, 5)
+    routed_found = routed.search(queries, 5).ids
     for row, k in enumerate(budgets):
-        alone = routed.index.search(encoder.encode([queries[row]], k=int(k), kind="query"), 5, mode="dense")[
-            0
-        ]
-        assert routed_found[row] == [ids[p] for p in alone[0]]
+        alone = routed.index.search(encoder.encode([queries[row]], k=int(k), kind="query"), 5, mode="dense")
+        assert routed_found[row] == alone.named(ids).ids[0]
     with pytest.raises(ValueError, match="k_passage"):
         DiffRetrieverSettings(k_passage=0)
 

@@ -14,8 +14,9 @@ from embedlib.data import SAMPLE_DATASET
 from embedlib.encoding.formats import embedded_text
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder, RepresentativeTokens
 from embedlib.index import ConfigError, IndexJobConfig, ShardedIndex, build_index
-from embedlib.models.diffusion_lm import make_tiny_diffusion_qwen3_checkpoint
+from embedlib.models.tiny_diffusion import make_tiny_diffusion_qwen3_checkpoint
 from embedlib.search.hybrid import MODES, exhaustive_scores
+from embedlib.search.multivector import STORED_DTYPE
 from embedlib.search.sparse import DEFAULT_SCALE, quantize_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +38,10 @@ def sample_queries(n: int) -> list[str]:
 
 
 def as_indexed(docs: RepresentativeTokens) -> RepresentativeTokens:
-    """The documents as the index stores them: sparse weights quantized to integers."""
+    """The documents as the index stores them: vectors in float16, sparse weights quantized to integers."""
     sparse = quantize_weights(docs.sparse, DEFAULT_SCALE).astype(np.float32) / DEFAULT_SCALE
-    return RepresentativeTokens(dense=docs.dense, sparse=sparse, k=docs.k)
+    dense = [d.astype(STORED_DTYPE).astype(np.float32) for d in docs.dense]
+    return RepresentativeTokens(dense=dense, sparse=sparse, k=docs.k)
 
 
 def test_pipeline_index_searches_like_exhaustive_scoring_in_every_mode(ray_cluster, tmp_path, diffusion_model):
@@ -60,19 +62,24 @@ def test_pipeline_index_searches_like_exhaustive_scoring_in_every_mode(ray_clust
     tokens = encoder.encode(queries, k=2, kind="query")
     ids = [r["_id"] for r in rows]
     for mode in MODES:
-        scores, hits = index.search_representative(queries, k=10, mode=mode, candidates=40)
+        found = index.search_representative(queries, k=10, mode=mode, candidates=40)
+        scores, hits = found.scores, found.ids
         exact = exhaustive_scores(tokens, docs, mode)
         expected = -np.sort(-exact, axis=1)[:, :10]
         np.testing.assert_allclose(scores, expected, atol=2e-4, err_msg=mode)
         for row, found in enumerate(hits):  # each hit's own exact score is the score returned for it
             np.testing.assert_allclose([exact[row, ids.index(h)] for h in found], scores[row], atol=2e-4)
 
-    default_scores, _ = index.search(queries, k=5)  # hybrid with the manifest's k_query
-    hybrid_scores, _ = index.search_representative(queries, k=5, mode="hybrid")
+    default_scores = index.search(queries, k=5).scores  # hybrid with the manifest's k_query
+    hybrid_scores = index.search_representative(queries, k=5, mode="hybrid").scores
     np.testing.assert_allclose(default_scores, hybrid_scores)
+    with pytest.raises(ValueError, match="nprobe"):  # an IVF option is refused, not silently ignored
+        index.search(queries, k=5, nprobe=4)
     remote = ShardedIndex.open(output, use_ray=True)
-    assert remote.search_representative(queries, k=5, mode="sparse")[1] == index.search_representative(
-        queries, k=5, mode="sparse")[1]
+    assert (
+        remote.search_representative(queries, k=5, mode="sparse").ids
+        == index.search_representative(queries, k=5, mode="sparse").ids
+    )
 
     again = build_index(cfg)  # nothing changed: every document's vectors are carried over
     assert (again.embedded, again.carried_over) == (0, 40)
@@ -111,7 +118,7 @@ def test_index_and_evaluate_jobs_run_diffretriever_side_by_side(
     systems = json.loads((out / "metrics.json").read_text())["systems"]
     expected = {f"tiny/Kq={k}/{mode}" for k in (1, 2) for mode in MODES} | {"bm25", "index:index/diffretriever"}
     assert set(systems) == expected
-    assert systems["tiny/Kq=2/dense"]["storage"]["bytes_per_doc"] > 4 * 64 * 4  # K_p float vectors per doc
+    assert systems["tiny/Kq=2/dense"]["storage"]["bytes_per_doc"] > 4 * 64 * 4  # K_p float16 vectors twice (rerank copy, FAISS) and the sparse vector
     # The published index (K_q=2 from its manifest, hybrid, candidates covering every shard) ranks like the
     # in-process system with the same settings.
     for key in ("ndcg@10", "recall@100"):

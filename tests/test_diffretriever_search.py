@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from embedlib.encoding.representative_tokens import RepresentativeTokens
 from embedlib.search.adaptive_k import KRouter, QueryFeatures, UnigramModel, budget_report, oracle_choice
 from embedlib.search.hybrid import DiffRetrieverIndex, exhaustive_scores, hybrid_scores, minmax_rows
-from embedlib.search.multivector import MultiVectorIndex, maxsim_scores, top_k
+from embedlib.search.multivector import STORED_DTYPE, MultiVectorIndex, maxsim_scores, top_k
 from embedlib.search.sparse import SparseIndex, quantize_weights, sparse_scores
 
 RNG = np.random.default_rng(0)
@@ -51,24 +51,30 @@ def test_maxsim_matches_its_definition_and_is_clamped_at_zero():
 
 def test_top_k_returns_best_first():
     scores = RNG.normal(size=(4, 50)).astype(np.float32)
-    positions, best = top_k(scores, 7)
-    np.testing.assert_array_equal(positions, np.argsort(-scores, axis=1)[:, :7])
-    np.testing.assert_allclose(best, -np.sort(-scores, axis=1)[:, :7])
+    best = top_k(scores, 7)
+    np.testing.assert_array_equal(best.positions, np.argsort(-scores, axis=1)[:, :7])
+    np.testing.assert_allclose(best.scores, -np.sort(-scores, axis=1)[:, :7])
+
+
+def as_stored(dense: list[np.ndarray]) -> list[np.ndarray]:
+    """Document vectors as the index stores them (float16), back in float32."""
+    return [d.astype(STORED_DTYPE).astype(np.float32) for d in dense]
 
 
 def test_multivector_index_with_full_candidates_equals_exhaustive_maxsim(tmp_path):
     docs, queries = random_tokens(200, 8), random_tokens(6, 4, seed=2)
     index = MultiVectorIndex(docs.dense)
     assert index.faiss.ntotal == 200 * 8
-    positions, scores = index.search(queries.dense, k=10, vectors_per_query_vector=index.faiss.ntotal)
-    expected_positions, expected_scores = top_k(maxsim_scores(queries.dense, docs.dense), 10)
-    np.testing.assert_array_equal(positions, expected_positions)
-    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+    found = index.search(queries.dense, k=10, vectors_per_query_vector=index.faiss.ntotal)
+    expected = top_k(maxsim_scores(queries.dense, as_stored(docs.dense)), 10)
+    np.testing.assert_array_equal(found.positions, expected.positions)
+    np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5)
     # Candidate generation from a few nearest vectors still reranks exactly.
-    few_positions, few_scores = index.search(queries.dense, k=5, vectors_per_query_vector=8)
-    exact = maxsim_scores(queries.dense, docs.dense)
-    np.testing.assert_allclose(few_scores, np.take_along_axis(exact, few_positions, axis=1), rtol=1e-5)
-    assert index.bytes_per_doc() >= 8 * 16 * 4
+    few = index.search(queries.dense, k=5, vectors_per_query_vector=8)
+    exact = maxsim_scores(queries.dense, as_stored(docs.dense))
+    np.testing.assert_allclose(few.scores, np.take_along_axis(exact, few.positions, axis=1), rtol=1e-5)
+    assert index.vectors.dtype == np.float16
+    assert index.bytes_per_doc() >= 2 * 8 * 16 * 2  # the stored float16 vectors and FAISS' own fp16 copy
 
 
 def test_indexes_round_trip_through_s3(s3_bucket):
@@ -78,7 +84,7 @@ def test_indexes_round_trip_through_s3(s3_bucket):
     loaded = DiffRetrieverIndex.load(f"{s3_bucket}/diffretriever")
     for mode in ("dense", "sparse", "hybrid"):
         a, b = index.search(queries, 10, mode=mode), loaded.search(queries, 10, mode=mode)
-        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a.positions, b.positions)
     with pytest.raises(FileNotFoundError, match="manifest"):
         DiffRetrieverIndex.load(f"{s3_bucket}/nothing-here")
 
@@ -91,7 +97,7 @@ def test_sparse_index_scores_with_integer_weights_close_to_float_scores():
     quantized = index.scores(queries.sparse)
     bound = np.asarray(queries.sparse.sum(axis=1)) * 0.5 / 100  # half a quantization step per matched term
     assert (np.abs(quantized - exact) <= bound + 1e-5).all()
-    positions, _ = index.search(queries.sparse, 5)
+    positions = index.search(queries.sparse, 5).positions
     disjoint = exact[np.arange(len(exact))[:, None], positions] > 0
     assert disjoint.all()
     with pytest.raises(ValueError, match="vocabulary"):
@@ -124,14 +130,14 @@ def test_hybrid_normalises_per_query_and_interpolates():
 def test_index_hybrid_search_equals_exhaustive_hybrid_when_candidates_cover_the_corpus():
     docs, queries = random_tokens(60, 4), random_tokens(5, 2, seed=5)
     index = DiffRetrieverIndex.build(docs)
-    positions, scores = index.search(queries, 10, mode="hybrid", candidates=60)
+    found = index.search(queries, 10, mode="hybrid", candidates=60)
     # The index's sparse side holds integer-quantized weights; exhaustive hybrid over the same scores:
-    exhaustive = hybrid_scores(maxsim_scores(queries.dense, docs.dense), index.sparse.scores(queries.sparse))
-    expected, expected_scores = top_k(exhaustive, 10)
+    exhaustive = hybrid_scores(maxsim_scores(queries.dense, as_stored(docs.dense)), index.sparse.scores(queries.sparse))
+    expected = top_k(exhaustive, 10)
     float_hybrid = exhaustive_scores(queries, docs, "hybrid")
     assert np.abs(float_hybrid - exhaustive).max() < 0.01
-    np.testing.assert_array_equal(positions, expected)
-    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(found.positions, expected.positions)
+    np.testing.assert_allclose(found.scores, expected.scores, rtol=1e-5, atol=1e-6)
     sizes = index.bytes_per_doc()
     assert sizes["total"] == sizes["dense"] + sizes["sparse"] > 0
 

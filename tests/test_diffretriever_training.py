@@ -11,8 +11,8 @@ import torch
 
 from embedlib.data import sample_corpus_texts
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
-from embedlib.models.diffusion_lm import TINY_WRITERS, make_tiny_diffusion_qwen3_checkpoint
 from embedlib.models.tiny import train_bpe_tokenizer
+from embedlib.models.tiny_diffusion import TINY_WRITERS, make_tiny_diffusion_qwen3_checkpoint
 from embedlib.objectives.representative import diffretriever_loss, maxsim_matrix
 from embedlib.training.config import ConfigError, TrainConfig, from_dict
 

@@ -101,6 +101,24 @@ def test_mean_pooling_matches_manual_mean_of_token_states(qwen3):
     assert [len(t) for t in tokens] == [len(ids) for ids in qwen3.tokenize(SENTENCES)[0]]
 
 
+def test_pooling_is_data_and_is_saved_with_the_model(tiny_models, qwen3, tmp_path):
+    from embedlib.encoding.batching import pad_batch
+    from embedlib.models.loading import read_pooling_mode
+    from embedlib.training.causal_ablation import load_causal_backbone
+
+    assert qwen3.pooling.mode == "mean"
+    causal = Encoder(load_causal_backbone(tiny_models["qwen3-causal"]))  # the ablation: last-token pooling
+    ids, _ = causal.tokenize(["flow over a flat plate at high speed", "shock"])
+    input_ids, mask = pad_batch(ids, causal.tokenizer.pad_token_id)
+    with torch.no_grad():
+        states = causal.token_states(input_ids, mask)
+        last = states[torch.arange(2), torch.tensor([len(ids[0]) - 1, len(ids[1]) - 1])]
+        torch.testing.assert_close(causal.pooled(input_ids, mask), last)
+    causal.save_pretrained(tmp_path / "causal")
+    assert read_pooling_mode(tmp_path / "causal") == "last_token"
+    assert json.loads((tmp_path / "causal" / "1_Pooling" / "config.json").read_text())["pooling_mode_lasttoken"]
+
+
 def test_straight_through_estimator():
     x = torch.tensor([-2.0, -0.01, 0.0, 0.3, 5.0], requires_grad=True)
     y = int8_straight_through(x)

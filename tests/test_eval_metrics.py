@@ -10,6 +10,7 @@ import pytest
 from embedlib.eval.distractors import load_distractors, paragraph_windows
 from embedlib.eval.metrics import evaluate_run, run_from_hits, top_k_overlap
 from embedlib.eval.run import scale_sizes
+from embedlib.search.results import SearchResult
 
 
 def log2(x: float) -> float:
@@ -49,18 +50,18 @@ def test_means_average_over_queries_and_missing_hits_score_zero():
 
 def test_q2q_run_never_contains_the_query_itself_and_keeps_k_hits():
     ids = [["q1", "a", "b", "c"], ["x", "q2", "y", "z"]]
-    scores = np.array([[4, 3, 2, 1], [4, 3, 2, 1]], dtype=np.float32)
-    run = run_from_hits(["q1", "q2"], ids, scores, k=3, ignore_identical_ids=True)
+    found = SearchResult(ids=ids, scores=np.array([[4, 3, 2, 1], [4, 3, 2, 1]], dtype=np.float32))
+    run = run_from_hits(["q1", "q2"], found, k=3, ignore_identical_ids=True)
     assert run == {"q1": {"a": 3.0, "b": 2.0, "c": 1.0}, "q2": {"x": 4.0, "y": 2.0, "z": 1.0}}
-    plain = run_from_hits(["q1", "q2"], ids, scores, k=3)
+    plain = run_from_hits(["q1", "q2"], found, k=3)
     assert "q1" in plain["q1"] and "q2" in plain["q2"]
 
 
 def test_self_hit_would_inflate_q2q_recall():
     qrels = {"q1": {"q1": 1, "a": 1}}  # a (wrongly) self-judged query: only the rule keeps it honest
-    ids, scores = [["q1", "b", "a"]], np.array([[3, 2, 1]], dtype=np.float32)
-    honest, _ = evaluate_run(qrels, run_from_hits(["q1"], ids, scores, 1, ignore_identical_ids=True), (1,))
-    inflated, _ = evaluate_run(qrels, run_from_hits(["q1"], ids, scores, 1), (1,))
+    found = SearchResult(ids=[["q1", "b", "a"]], scores=np.array([[3, 2, 1]], dtype=np.float32))
+    honest, _ = evaluate_run(qrels, run_from_hits(["q1"], found, 1, ignore_identical_ids=True), (1,))
+    inflated, _ = evaluate_run(qrels, run_from_hits(["q1"], found, 1), (1,))
     assert honest["recall@1"] == 0.0 and inflated["recall@1"] == 0.5
 
 
@@ -90,3 +91,14 @@ def test_scale_sizes_grow_the_corpus_by_the_factor():
     assert scale_sizes(100, [10, 1, 2.5]) == [(1, 0), (2.5, 150), (10, 900)]
     with pytest.raises(ValueError, match="scale"):
         scale_sizes(100, [0.5])
+
+
+def test_run_from_named_positions_skips_fills():
+    found = SearchResult(positions=np.array([[2, 0, -1]]), scores=np.array([[0.75, 0.5, -np.inf]], np.float32))
+    assert run_from_hits(["q"], found.named(["a", "b", "c"])) == {"q": {"c": 0.75, "a": 0.5}}
+
+
+def test_search_result_cannot_be_unpacked_as_a_pair():
+    found = SearchResult.empty(1, 2)
+    with pytest.raises(TypeError):
+        scores, ids = found

@@ -89,7 +89,7 @@ def test_q2q_never_retrieves_the_query_itself(shared_data, minilm_path, tmp_path
         run = retrieve(system, queries, 10, ignore_identical_ids=True)
         assert all(qid not in hits and len(hits) == 10 for qid, hits in run.items())
     # Without the rule a query's own text is its best match: exact cosine search ranks it first.
-    _, raw = dense.search(list(queries.values()), 11)
+    raw = dense.search(list(queries.values()), 11).ids
     assert [hits[0] for hits in raw] == list(queries)
     assert results["minilm/float"].metrics["recall@10"] > 0
 
@@ -149,6 +149,7 @@ def test_published_index_is_evaluated_in_place_like_exact_search(cranfield, tiny
     systems = run_evaluation(config)["systems"]
     published = next(name for name in systems if name.startswith("index:"))
     assert systems[published]["description"]["kind"] == "index"
+    assert systems[published]["description"]["index_type"] == "flat"  # read from the manifest, not null
     assert systems[published]["unknown_retrieved_ids"] == 0
     assert systems[published]["storage"]["bytes_per_doc"] > 0
     for key in ("recall@100", "recall@1000"):

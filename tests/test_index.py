@@ -104,9 +104,9 @@ def test_s3_corpus_to_s3_index_every_id_once_and_no_credentials(ray_cluster, s3_
     ids = all_ids(output)
     assert sorted(ids) == sorted(r["_id"] for r in rows)
     index = ShardedIndex.open(output)
-    scores, hits = index.search([rows[7]["title"] + " " + rows[7]["text"]], k=5)
-    assert hits[0][0] == rows[7]["_id"] and scores.shape == (1, 5) and scores.dtype == np.float32
-    assert np.all(np.diff(scores[0]) <= 0)
+    found = index.search([rows[7]["title"] + " " + rows[7]["text"]], k=5)
+    assert found.ids[0][0] == rows[7]["_id"] and found.scores.shape == (1, 5) and found.scores.dtype == np.float32
+    assert np.all(np.diff(found.scores[0]) <= 0)
 
     secrets = (os.environ["AWS_SECRET_ACCESS_KEY"], os.environ["AWS_ACCESS_KEY_ID"])
     fs, path = storage.filesystem(output)
@@ -127,10 +127,10 @@ def test_sharded_flat_search_equals_unsharded(ray_cluster, tmp_path, model):
     assert len(sharded.manifest["shards"]) == 5 and len(single.manifest["shards"]) == 1
     assert not list((tmp_path / "index").rglob("*.faiss"))  # flat int8 shards are scanned: no FAISS file
     queries = [q["text"] for q in map(json.loads, open(SAMPLE_DATASET / "queries.jsonl"))][:20]
-    s_scores, s_ids = sharded.search(queries, k=10)
-    u_scores, u_ids = single.search(queries, k=10)
+    s_found, u_found = sharded.search(queries, k=10), single.search(queries, k=10)
+    s_ids, u_ids = s_found.ids, u_found.ids
     assert s_ids == u_ids
-    np.testing.assert_allclose(s_scores, u_scores, rtol=1e-6)
+    np.testing.assert_allclose(s_found.scores, u_found.scores, rtol=1e-6)
 
     # Exact cosine of the int8 vectors, computed directly: the index returns exactly that ranking.
     table = pa.concat_tables(shard_tables(output))
@@ -141,8 +141,7 @@ def test_sharded_flat_search_equals_unsharded(ray_cluster, tmp_path, model):
     assert u_ids == [[doc_ids[i] for i in row] for row in expected]
 
     remote = ShardedIndex.open(tmp_path / "index" / "v000001", use_ray=True)
-    _, r_ids = remote.search(queries, k=10)
-    assert r_ids == s_ids
+    assert remote.search(queries, k=10).ids == s_ids
 
 
 def test_incremental_run_reencodes_only_changed_docs(ray_cluster, tmp_path, model):
@@ -278,7 +277,7 @@ def test_parquet_input_index_types(ray_cluster, tmp_path, tiny_models, quantizat
         index = ShardedIndex.open(output)
         assert index.manifest["index"]["type"] == index_type and index.manifest["dim"] == 32
         vectors = index.encode_queries([r["text"] for r in rows[:20]])
-        _, ids = index.search(vectors, k=3, nprobe=4)
+        ids = index.search(vectors, k=3, nprobe=4).ids
         assert (
             sum(row[0] == r["_id"] for row, r in zip(ids, rows[:20], strict=True)) >= 18
         )  # docs find themselves
@@ -292,7 +291,8 @@ def test_parquet_input_index_types(ray_cluster, tmp_path, tiny_models, quantizat
 def test_fewer_hits_than_k_are_padded(ray_cluster, tmp_path, model):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", cranfield_rows(3))
     build_index(config(corpus, str(tmp_path / "index"), model))
-    scores, ids = ShardedIndex.open(tmp_path / "index").search(["wing"], k=5)
+    found = ShardedIndex.open(tmp_path / "index").search(["wing"], k=5)
+    ids, scores = found.ids, found.scores
     assert (
         ids[0][3:] == [None, None] and np.isneginf(scores[0, 3:]).all() and np.isfinite(scores[0, :3]).all()
     )
@@ -311,9 +311,7 @@ def test_late_chunking_indexes_chunk_ids_with_offsets(ray_cluster, tmp_path, mod
     first = table.filter(pa.compute.equal(table.column("doc_id"), rows[0]["_id"])).to_pylist()
     assert [r["chunk"] for r in first] == list(range(len(first))) and len(first) > 1
     assert first[-1]["end"] == len(texts[rows[0]["_id"]])
-    _, ids = ShardedIndex.open(output).search(
-        [texts[rows[0]["_id"]][first[1]["start"] : first[1]["end"]]], k=3
-    )
+    ids = ShardedIndex.open(output).search([texts[rows[0]["_id"]][first[1]["start"] : first[1]["end"]]], k=3).ids
     assert any(i.startswith(rows[0]["_id"] + "#") for i in ids[0])
 
 

@@ -18,7 +18,7 @@ from embedlib.index.faiss_shards import (
 )
 from embedlib.index.manifest import encoding_key
 from embedlib.index.reading import check_row
-from embedlib.index.sharded import merge_results
+from embedlib.search.results import SearchResult, merge_results
 from embedlib.storage import redact_url
 
 
@@ -57,11 +57,11 @@ def test_chunk_spans_cover_content_tokens_only():
 
 
 def test_merge_keeps_best_k_and_pads():
-    shard_a = (np.array([[0.9, 0.1]], np.float32), [["a1", "a2"]])
-    shard_b = (np.array([[0.5, -np.inf]], np.float32), [["b1", None]])
-    scores, ids = merge_results([shard_a, shard_b], n=1, k=4)
-    assert ids == [["a1", "b1", "a2", None]]
-    assert np.isneginf(scores[0, 3]) and list(scores[0, :3]) == pytest.approx([0.9, 0.5, 0.1])
+    shard_a = SearchResult(scores=np.array([[0.9, 0.1]], np.float32), ids=[["a1", "a2"]])
+    shard_b = SearchResult(scores=np.array([[0.5, -np.inf]], np.float32), ids=[["b1", None]])
+    merged = merge_results([shard_a, shard_b], n=1, k=4)
+    assert merged.ids == [["a1", "b1", "a2", None]]
+    assert np.isneginf(merged.scores[0, 3]) and list(merged.scores[0, :3]) == pytest.approx([0.9, 0.5, 0.1])
 
 
 def test_int8_flat_shard_is_exact_cosine_and_ivf_close():
@@ -75,9 +75,7 @@ def test_int8_flat_shard_is_exact_cosine_and_ivf_close():
     for index_type in ("flat", "ivf", "hnsw"):
         template = trained_template("int8", index_type, 32, params | {"hnsw_m": 16, "ef_search": 64}, vectors)
         index = deserialize(shard_index(template, vectors, "int8", params), "int8")
-        _, positions = search_shard(
-            index, vectors, queries, 5, "int8", index_type, params | {"ef_search": 64}
-        )
+        positions = search_shard(index, vectors, queries, 5, "int8", index_type, params | {"ef_search": 64}).positions
         agreement = np.mean([len(set(a) & set(b)) / 5 for a, b in zip(positions, exact, strict=True)])
         assert agreement == 1.0 if index_type != "hnsw" else agreement >= 0.9
 
@@ -97,5 +95,5 @@ def test_ivf_pq_trains_on_a_small_corpus():
     index = deserialize(
         shard_index(trained_template("float", "ivf", 32, params, vectors), vectors, "float", params), "float"
     )
-    _, positions = search_shard(index, vectors, vectors[:10], 3, "float", "ivf", params)
+    positions = search_shard(index, vectors, vectors[:10], 3, "float", "ivf", params).positions
     assert list(positions[:, 0]) == list(range(10))

@@ -5,6 +5,8 @@ subprocess, as a user runs it; the default model is nameable by its name."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -17,10 +19,10 @@ SAMPLE_CORPUS = ROOT / "embedlib" / "data" / "cranfield" / "corpus.jsonl"
 FAIL_FAST_S = 10.0
 
 
-def run_job(job: str, *args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+def run_job(job: str, *args: str, cwd: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(ROOT / "jobs" / f"{job}.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=None if env is None else os.environ | env)
     return done, time.monotonic() - started
 
 
@@ -76,6 +78,44 @@ def test_an_error_raised_in_a_ray_task_is_one_line_too(tmp_path):
                       str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
     line = assert_one_line_error(done, "index", "missing weights")
     assert str(model) in line
+
+
+# What Ray's job supervisor puts in the environment of a job submitted with ``--working-dir``.
+SUBMITTED = {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip"}})}
+
+
+@pytest.mark.parametrize(
+    ("job", "args", "field"),
+    [
+        ("index", ["--input", "../shared/data/cranfield", "--output", "/tmp/never-written"], "input"),
+        ("index", ["--input", str(SAMPLE_CORPUS)], "output"),  # the default output, outputs/index, is relative
+        ("evaluate", ["--dataset", "/data/d", "--out", "out/report", "--bm25"], "out"),
+        ("train", ["--config", "jobs/configs/tiny-pair.yaml", "--prepare-beir", "../shared/data/scifact"],
+         "--prepare-beir"),
+    ],
+)
+def test_a_submitted_job_refuses_relative_paths_and_says_why(tmp_path, job, args, field):
+    """The newcomer's ``ray job submit --working-dir . -- python jobs/index.py --input ../shared/data/cranfield``:
+    the job runs in a copy of the working dir, so a relative path is refused naming the field and the reason
+    (a config file inside the working dir, here ``jobs/configs/...``, is uploaded with it and stays usable)."""
+    done, seconds = run_job(job, *args, cwd=ROOT, env=SUBMITTED)
+    line = assert_one_line_error(done, job, f"{field}: ")
+    assert "relative path" in line and "--working-dir" in line and "absolute path" in line
+    assert seconds < FAIL_FAST_S
+
+
+def test_the_evaluate_and_index_jobs_check_their_configs_without_torch():
+    """Flags and configs are validated before torch or the models load (EvalConfig lives in eval/config.py)."""
+    code = ("import sys; sys.path.insert(0, 'jobs'); import evaluate, index; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_relative_paths_are_fine_outside_a_submitted_job():
+    from embedlib.submitted import check_submitted_paths
+
+    check_submitted_paths({"input": "data/corpus.jsonl"})  # a plain local run: nothing to refuse
 
 
 def test_evaluate_job_refuses_a_missing_dataset_with_one_line(tmp_path):

@@ -214,8 +214,7 @@ def test_index_job_submitted_with_ray_job_submit(head_node, tmp_path):
     assert len(index) == 24
     assert index.manifest["model"]["source"] == str(default_model_path())  # the name resolved in the job
     first = json.loads(SAMPLE_CORPUS.read_text().splitlines()[0])
-    _, ids = index.search([first["text"]], k=1)
-    assert ids[0][0] == str(first["_id"])
+    assert index.search([first["text"]], k=1).ids[0][0] == str(first["_id"])
 
 
 def test_submitting_without_the_token_setting_is_refused(head_node):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import tiny_pretrain_values
 
 from embedlib.data import SAMPLE_DATASET
 from embedlib.index import IndexJobConfig, ManifestError, ShardedIndex, build_index
@@ -182,8 +183,7 @@ def test_the_tampering_helpers_leave_a_consistent_index_readable(index_copy):
     rewrite_first_shard(index_copy, lambda table: table)
     index = ShardedIndex.open(index_copy)
     assert len(index) == 40
-    _, ids = index.search(["flow over a flat plate"], k=3)
-    assert all(ids[0])
+    assert all(index.search(["flow over a flat plate"], k=3).ids[0])
 
 
 def test_a_shard_with_fewer_rows_than_its_manifest_entry_is_refused(index_copy):
@@ -272,18 +272,7 @@ def test_resume_refuses_a_checkpoint_with_a_planted_pickle(ray_cluster, tiny_mod
 
     rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=200)[:16]
     write_rows(rows, str(tmp_path / "text.jsonl"))
-    values = {
-        "stage": "pretrain",
-        "model": str(tiny_models["qwen3-causal"]),
-        "output": str(tmp_path / "model"),
-        "data": {"url": str(tmp_path / "text.jsonl"), "max_length": 32},
-        "batch_size": 4,
-        "max_steps": 1,
-        "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
-        "checkpoint_url": str(tmp_path / "ckpt"),
-        "checkpoint_every": 1,
-        "run_name": "planted",
-    }
+    values = tiny_pretrain_values(tiny_models["qwen3-causal"], tmp_path, "planted", max_steps=1)
     train(from_dict(TrainConfig, values))
     # A clean resume reads every file of a real ZeRO-2 checkpoint (optimizer states included) weights-only.
     clean = train(from_dict(TrainConfig, values | {"max_steps": 2}))

@@ -8,21 +8,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import train_config
 
 from embedlib.encoding.encoder import Encoder
-from embedlib.eval.beir import BeirDataset, load_beir
+from embedlib.eval.beir import BeirDataset, load_beir, read_records
 from embedlib.models.loading import load_backbone
+from embedlib.models.mask_token import resolve_mask_id
 from embedlib.training.config import ConfigError, TrainConfig, from_dict, load_config
 from embedlib.training.data import (
     beir_contextual_rows,
     beir_pairs,
     mine_bm25_negatives,
-    read_rows,
     text_rows,
     write_rows,
 )
 from embedlib.training.merge import merge_checkpoints, slerp
-from embedlib.training.stages import DiffusionLM, PretrainCollator, resolve_mask_id
+from embedlib.training.recipe import read_recipe
+from embedlib.training.stages import DiffusionObjective, PretrainCollator
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +39,7 @@ def one_thread():
 def test_diffusion_loss_decreases_on_real_text(tiny_models, shared_data):
     backbone = load_backbone(tiny_models["qwen3-causal"], device="cpu", dtype="fp32", with_lm_head=True)
     encoder = Encoder(backbone)
-    module = DiffusionLM(backbone.model.train(), resolve_mask_id(None, backbone.tokenizer), seed=0)
+    module = DiffusionObjective(backbone.model.train(), resolve_mask_id(backbone.tokenizer), seed=0)
     collate = PretrainCollator(encoder, max_length=64)
     rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=300)[: 8 * 40]
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
@@ -56,10 +58,12 @@ def test_diffusion_loss_decreases_on_real_text(tiny_models, shared_data):
 
 def test_mask_id_resolution(tiny_models):
     tokenizer = load_backbone(tiny_models["qwen3-causal"], device="cpu").tokenizer
-    assert resolve_mask_id(None, tokenizer) == tokenizer.convert_tokens_to_ids("<|mask|>")
-    assert resolve_mask_id(7, tokenizer) == 7
+    assert resolve_mask_id(tokenizer) == tokenizer.convert_tokens_to_ids("<|mask|>")
+    assert resolve_mask_id(tokenizer, 7) == 7
+    assert resolve_mask_id(tokenizer, config={"mask_token_id": 9}) == 9
+    assert resolve_mask_id(tokenizer, 7, config={"mask_token_id": 9}) == 7  # the config's request wins
     with pytest.raises(ValueError, match="mask_id"):
-        resolve_mask_id("dream", tokenizer)  # Dream's id exists only in Dream's 151k vocabulary
+        resolve_mask_id(tokenizer, "dream")  # Dream's id exists only in Dream's 151k vocabulary
 
 
 def test_config_errors_name_the_field(tmp_path):
@@ -91,7 +95,7 @@ def test_beir_pairs_and_bm25_hard_negatives(shared_data, tmp_path):
         assert len(row["negatives"]) == 3
         assert not set(row["negative_ids"]) & set(dataset.qrels[row["query_id"]])
     write_rows(triplets, str(tmp_path / "t.parquet"))
-    assert read_rows(str(tmp_path / "t.parquet"))[0]["negatives"] == triplets[0]["negatives"]
+    assert read_records(str(tmp_path / "t.parquet"))[0]["negatives"] == triplets[0]["negatives"]
 
 
 def test_beir_contextual_rows_take_the_chunk_with_the_query_terms_as_gold():
@@ -135,6 +139,8 @@ def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
         merged = merge_checkpoints(first, other, tmp_path / f"m{t}", t)
         assert merged.weights_hash == Encoder.from_pretrained(expected, device="cpu").weights_hash
     merge_checkpoints(first, other, tmp_path / "half", 0.5)
+    recipe = read_recipe(tmp_path / "half")  # the merged model says how it was made
+    assert recipe["config_type"] == "MergeConfig" and recipe["config"]["t"] == 0.5
     halfway = Encoder.from_pretrained(tmp_path / "half", device="cpu")
     assert halfway.weights_hash not in {
         encoder.weights_hash,
@@ -147,15 +153,8 @@ def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):
     from embedlib.training.runner import save_trained_model
     from embedlib.training.stages import build_stage
 
-    cfg = from_dict(
-        TrainConfig,
-        {
-            "stage": "pair",
-            "model": str(tiny_models["pplx-embed"]),
-            "output": str(tmp_path / "out"),
-            "data": {"url": "unused.parquet"},
-            "lora": {"r": 4, "alpha": 8},
-        },
+    cfg = train_config(
+        "pair", tiny_models["pplx-embed"], tmp_path / "out", {"url": "unused.parquet"}, lora={"r": 4, "alpha": 8}
     )
     parts = build_stage(cfg, seed=0)
     trainable = [n for n, p in parts.module.named_parameters() if p.requires_grad]
@@ -168,6 +167,9 @@ def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):
     parts.encoder.model.eval()
     expected = parts.encoder.encode(texts, quantization="float")
     save_trained_model(parts, cfg)
+    recipe = read_recipe(tmp_path / "out")  # the resolved config beside the model, defaults filled in
+    assert recipe["config"]["lora"]["r"] == 4 and recipe["config"]["temperature"] == cfg.temperature
+    assert recipe["git"]["commit"] is None or len(recipe["git"]["commit"]) == 40
     reloaded = Encoder.from_pretrained(tmp_path / "out", device="cpu")
     assert not any("lora" in k for k in reloaded.model.state_dict())
     np.testing.assert_allclose(reloaded.encode(texts, quantization="float"), expected, atol=1e-5)
@@ -193,16 +195,9 @@ def test_embedding_model_hard_negatives(shared_data, tiny_models):
 def test_contextual_stage_late_chunking(tiny_models, tmp_path):
     from embedlib.training.stages import build_stage
 
-    cfg = from_dict(
-        TrainConfig,
-        {
-            "stage": "contextual",
-            "model": str(tiny_models["pplx-embed"]),
-            "output": str(tmp_path / "out"),
-            "data": {"url": "unused", "max_length": 64},
-            "max_chunks": 3,
-            "matryoshka_dims": [16],
-        },
+    cfg = train_config(
+        "contextual", tiny_models["pplx-embed"], tmp_path / "out", {"url": "unused", "max_length": 64},
+        max_chunks=3, matryoshka_dims=[16],
     )
     parts = build_stage(cfg, seed=0)
     rows = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+from conftest import tiny_pretrain_values
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.training.config import TrainConfig, from_dict
@@ -143,21 +144,7 @@ def test_diverging_run_stops_with_a_clear_error_and_writes_no_model(ray_cluster,
     save_file(weights, poisoned / "model.safetensors", metadata={"format": "pt"})
     rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=300)[:16]
     write_rows(rows, str(tmp_path / "text.jsonl"))
-    cfg = from_dict(
-        TrainConfig,
-        {
-            "stage": "pretrain",
-            "model": str(poisoned),
-            "output": str(tmp_path / "model"),
-            "data": {"url": str(tmp_path / "text.jsonl"), "max_length": 32},
-            "batch_size": 4,
-            "max_steps": 3,
-            "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
-            "checkpoint_url": str(tmp_path / "ckpt"),
-            "checkpoint_every": 1,
-            "run_name": "diverge",
-        },
-    )
+    cfg = from_dict(TrainConfig, tiny_pretrain_values(poisoned, tmp_path, "diverge", max_steps=3))
     with pytest.raises(TrainingDiverged, match=r"loss is nan at step 1"):
         train(cfg)
     assert not (tmp_path / "model").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -17,8 +16,15 @@ from tqdm.auto import tqdm
 from embedlib import storage
 from embedlib.encoding.batching import pad_batch, plan_batches
 from embedlib.encoding.formats import QUANTIZATIONS, Quantization, output_dtype, output_width
-from embedlib.encoding.quantize import mean_pool, quantize, truncate
-from embedlib.models.loading import Backbone, load_backbone, state_dict_hash
+from embedlib.encoding.pooling import Pooling
+from embedlib.encoding.quantize import quantize, truncate
+from embedlib.models.loading import (
+    Backbone,
+    WrapsModel,
+    load_backbone,
+    state_dict_hash,
+    write_sentence_transformers_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +75,16 @@ def chunk_spans(offsets: np.ndarray, chunk_tokens: int) -> list[tuple[np.ndarray
     return spans
 
 
-class Encoder:
-    """A bidirectional encoder with mean pooling and INT8/binary quantization (pplx-embed §4.3)."""
+class Encoder(WrapsModel):
+    """A bidirectional encoder with mean pooling and INT8/binary quantization (pplx-embed §4.3).
+
+    The pooling is the backbone's (``Backbone.pooling``, read from the checkpoint): ``mean`` unless the
+    checkpoint says otherwise (the causal ablation's ``last_token``).
+    """
 
     def __init__(self, backbone: Backbone):
         self.backbone = backbone
+        self.pooling = Pooling(backbone.pooling)
         self.model = backbone.model
         self.tokenizer = backbone.tokenizer
         self.max_length = backbone.max_length
@@ -94,14 +105,6 @@ class Encoder:
         return cls(load_backbone(path_or_url, device=device, dtype=dtype, max_length=max_length))
 
     # --- properties -------------------------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dim(self) -> int:
-        return int(self.model.config.hidden_size)
 
     @property
     def weights_hash(self) -> str:
@@ -148,9 +151,8 @@ class Encoder:
         return output.last_hidden_state
 
     def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Mean-pooled float embeddings ``(B, d)`` (differentiable; the model's mode is left as it is)."""
-        states = self.token_states(input_ids, attention_mask)
-        return mean_pool(states, attention_mask.to(states.device))
+        """Pooled float embeddings ``(B, d)`` (differentiable; the model's mode is left as it is)."""
+        return self.pooling(self.token_states(input_ids, attention_mask), attention_mask)
 
     def _batches(
         self, texts: Sequence[str], batch_size: int, max_tokens_per_batch: int, show_progress: bool, what: str
@@ -266,28 +268,4 @@ class Encoder:
         folder.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(folder, safe_serialization=True)
         self.tokenizer.save_pretrained(folder)
-        write_sentence_transformers_config(folder, self.dim, self.max_length)
-
-
-def write_sentence_transformers_config(folder: Path, dim: int, max_length: int) -> None:
-    """The sentence-transformers files for a Transformer + mean Pooling pipeline (no normalization)."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    pooling = {
-        "word_embedding_dimension": dim,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True,
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }
-    (folder / "1_Pooling").mkdir(exist_ok=True)
-    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
-    (folder / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": max_length, "do_lower_case": False}, indent=2)
-    )
-    (folder / "config_sentence_transformers.json").write_text(
-        json.dumps({"similarity_fn_name": "cosine", "model_type": "SentenceTransformer"}, indent=2)
-    )
+        write_sentence_transformers_config(folder, self.dim, self.max_length, self.pooling.mode)

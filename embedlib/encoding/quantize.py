@@ -61,12 +61,6 @@ def quantize_binary(pooled: torch.Tensor) -> np.ndarray:
     return np.packbits(bits, axis=-1)
 
 
-def unpack_binary(codes: np.ndarray, dim: int) -> np.ndarray:
-    """±1 float vectors from packed binary codes."""
-    bits = np.unpackbits(codes, axis=-1, count=dim)
-    return bits.astype(np.float32) * 2.0 - 1.0
-
-
 def quantize(pooled: torch.Tensor, quantization: Quantization) -> np.ndarray:
     """Turn pooled float vectors into the stored representation for ``quantization``."""
     if quantization == "float":

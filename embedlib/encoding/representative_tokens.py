@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -27,16 +27,18 @@ from tqdm.auto import tqdm
 
 from embedlib import storage
 from embedlib.encoding.batching import pad_batch, plan_batches
-from embedlib.encoding.encoder import check_texts
+from embedlib.encoding.encoder import EncodeStats, check_texts
+from embedlib.encoding.representative_defaults import (  # noqa: F401 (DEFAULT_K_*: importable from here too)
+    DEFAULT_K_PASSAGE,
+    DEFAULT_K_QUERY,
+    DEFAULT_TOP_TERMS,
+)
 from embedlib.models.bidirectional import bidirectional_attention_mask
 from embedlib.models.diffusion_lm import DiffusionLM, load_causal_lm, load_diffusion_lm, save_diffusion_lm
 from embedlib.models.loading import state_dict_hash
 
 Kind = Literal["query", "passage"]
 KINDS = ("query", "passage")
-DEFAULT_K_QUERY = 4
-DEFAULT_K_PASSAGE = 16
-DEFAULT_TOP_TERMS = 128
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,10 @@ class RepresentativeTokens:
 
 
 @dataclass
-class RepresentativeStats:
-    texts: int = 0
-    truncated: int = 0
-    batches: int = 0
+class RepresentativeStats(EncodeStats):
+    """What the last ``encode`` call did, and how many forward passes it took."""
+
     forward_passes: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def check_k(k: int) -> int:
@@ -131,12 +131,52 @@ def unit_rows(states: torch.Tensor) -> np.ndarray:
 
 
 class _RepresentativeBase:
-    """Prompt building and truncation shared by the diffusion and autoregressive encoders."""
+    """Prompt building, truncation and the encode loop shared by the diffusion and autoregressive encoders.
 
-    tokenizer = None
-    max_length: int
-    template: PromptTemplate
-    top_terms: int
+    A subclass says how its prompts end (``encode_prompts``), how a batch of them is read into states and
+    logits at the K positions (``read_batch``), and how many forward passes that takes.
+    """
+
+    name: str
+
+    def __init__(self, model, tokenizer, max_length: int, template: PromptTemplate | None, top_terms: int):
+        self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
+        self.template = template or PromptTemplate()
+        self.top_terms = top_terms
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.excluded = torch.as_tensor(excluded_term_ids(tokenizer, self.vocab_size))  # never sparse terms
+        self.last_stats = RepresentativeStats()
+
+    def encode_prompts(self, texts: Sequence[str], k: int, kind: Kind) -> tuple[list[list[int]], int]:
+        """The prompt ids the model reads, and how many texts were truncated."""
+        raise NotImplementedError
+
+    def batch_tokens(self, prompt: list[int], k: int) -> int:
+        """Tokens a prompt occupies in a batch (for the token budget)."""
+        return len(prompt)
+
+    def read_batch(self, prompts: list[list[int]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(states (B, K, d), logits (B, K, V))`` of a batch of prompts."""
+        raise NotImplementedError
+
+    def passes_per_batch(self, k: int) -> int:
+        return 1
+
+    @torch.inference_mode()
+    def encode(
+        self,
+        texts: Sequence[str],
+        k: int,
+        kind: Kind = "passage",
+        batch_size: int = 64,
+        max_tokens_per_batch: int = 16_384,
+        show_progress: bool = False,
+    ) -> RepresentativeTokens:
+        """Dense ``(K, d)`` and sparse vectors of ``texts`` in input order."""
+        ids, truncated = self.encode_prompts(texts, check_k(k), kind)
+        plan = plan_batches([self.batch_tokens(x, k) for x in ids], max_tokens_per_batch, batch_size)
+        self.last_stats = RepresentativeStats(texts=len(ids), truncated=truncated, batches=len(plan))
+        return self.collect(ids, plan, k, desc=f"{self.name} {kind} k={k}", show_progress=show_progress)
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -168,17 +208,15 @@ class _RepresentativeBase:
         return [head + body[:budget] + middle + masks + tail for body in bodies], truncated
 
     def collect(
-        self, ids: list[list[int]], plan: list[list[int]], k: int, read, passes_per_batch: int, desc: str,
-        show_progress: bool,
+        self, ids: list[list[int]], plan: list[list[int]], k: int, desc: str, show_progress: bool
     ) -> RepresentativeTokens:
-        """Run ``read(batch ids) -> (states (B, K, d), logits (B, K, V))`` over the planned batches; the dense
-        and sparse vectors come back in input order."""
+        """Run ``read_batch`` over the planned batches; the dense and sparse vectors come back in input order."""
         dense: list[np.ndarray | None] = [None] * len(ids)
         rows: list[sp.csr_matrix] = []
         order: list[int] = []
         for batch in tqdm(plan, desc=desc, unit="batch", disable=not show_progress):
-            states, logits = read([ids[i] for i in batch])
-            self.last_stats.forward_passes += passes_per_batch
+            states, logits = self.read_batch([ids[i] for i in batch], k)
+            self.last_stats.forward_passes += self.passes_per_batch(k)
             for row, vectors in zip(batch, unit_rows(states), strict=True):
                 dense[row] = vectors
             rows.append(sparse_from_logits(logits, self.excluded.to(logits.device), self.top_terms))
@@ -189,41 +227,27 @@ class _RepresentativeBase:
 class DiffRetrieverEncoder(_RepresentativeBase):
     """K representative tokens from ONE bidirectional forward pass of a diffusion LM."""
 
+    name = "diffretriever"
+
     def __init__(
         self, lm: DiffusionLM, template: PromptTemplate | None = None, top_terms: int = DEFAULT_TOP_TERMS
     ):
+        super().__init__(lm.model, lm.tokenizer, lm.max_length, template, top_terms)
         self.lm = lm
-        self.model = lm.model
-        self.tokenizer = lm.tokenizer
-        self.max_length = lm.max_length
-        self.template = template or PromptTemplate()
-        self.top_terms = top_terms
-        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         if not 0 <= lm.mask_token_id < self.vocab_size:
             raise ValueError(
                 f"{storage.redact_url(lm.source)}: mask_token_id {lm.mask_token_id} is outside the LM head's "
                 f"{self.vocab_size} outputs"
             )
-        self.excluded = torch.as_tensor(excluded_term_ids(self.tokenizer, self.vocab_size))
         self.excluded[lm.mask_token_id] = True
-        self.last_stats = RepresentativeStats()
 
     @classmethod
     def from_pretrained(
-        cls,
-        path_or_url: str | os.PathLike,
-        device=None,
-        dtype=None,
-        max_length: int | None = None,
-        template: PromptTemplate | None = None,
-        top_terms: int = DEFAULT_TOP_TERMS,
+        cls, path_or_url: str | os.PathLike, device=None, dtype=None, max_length: int | None = None, **options
     ) -> DiffRetrieverEncoder:
-        """Load a Dream, LLaDA or embedlib diffusion checkpoint (local path or fsspec URL)."""
-        return cls(
-            load_diffusion_lm(path_or_url, device=device, dtype=dtype, max_length=max_length),
-            template=template,
-            top_terms=top_terms,
-        )
+        """Load a Dream, LLaDA or embedlib diffusion checkpoint (local path or fsspec URL); ``options`` are the
+        constructor's (``template``, ``top_terms``)."""
+        return cls(load_diffusion_lm(path_or_url, device=device, dtype=dtype, max_length=max_length), **options)
 
     @property
     def dim(self) -> int:
@@ -262,25 +286,11 @@ class DiffRetrieverEncoder(_RepresentativeBase):
         states = torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         return states, self.model.get_output_embeddings()(states)
 
-    @torch.inference_mode()
-    def encode(
-        self,
-        texts: Sequence[str],
-        k: int,
-        kind: Kind = "passage",
-        batch_size: int = 64,
-        max_tokens_per_batch: int = 16_384,
-        show_progress: bool = False,
-    ) -> RepresentativeTokens:
-        """Dense ``(K, d)`` and sparse vectors of ``texts`` in input order; one forward pass per batch."""
-        ids, truncated = self.masked_prompts(texts, k, kind)
-        plan = plan_batches([len(x) for x in ids], max_tokens_per_batch, batch_size)
-        self.last_stats = RepresentativeStats(texts=len(ids), truncated=truncated, batches=len(plan))
-        pad_id = self.tokenizer.pad_token_id
-        return self.collect(
-            ids, plan, k, lambda rows: self.states_and_logits(*pad_batch(rows, pad_id), k), passes_per_batch=1,
-            desc=f"diffretriever {kind} k={k}", show_progress=show_progress,
-        )
+    def encode_prompts(self, texts: Sequence[str], k: int, kind: Kind) -> tuple[list[list[int]], int]:
+        return self.masked_prompts(texts, k, kind)
+
+    def read_batch(self, prompts: list[list[int]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.states_and_logits(*pad_batch(prompts, self.tokenizer.pad_token_id), k)
 
 
 def mask_positions(input_ids: torch.Tensor, mask_token_id: int, k: int) -> torch.Tensor:
@@ -306,6 +316,8 @@ def restore_order(rows: list[sp.csr_matrix], order: list[int], vocab_size: int) 
 class PromptRepsEncoder(_RepresentativeBase):
     """The autoregressive baseline: the same instruction on a causal LM, K tokens generated greedily."""
 
+    name = "promptreps"
+
     def __init__(
         self,
         model,
@@ -315,29 +327,14 @@ class PromptRepsEncoder(_RepresentativeBase):
         top_terms: int = DEFAULT_TOP_TERMS,
         use_cache: bool = True,
     ):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_length = max_length
+        super().__init__(model, tokenizer, max_length, template, top_terms)
         self.use_cache = use_cache  # False: every step re-reads the whole prefix (K full forward passes)
-        self.template = template or PromptTemplate()
-        self.top_terms = top_terms
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.excluded = torch.as_tensor(excluded_term_ids(tokenizer, self.vocab_size))
-        self.last_stats = RepresentativeStats()
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path_or_url: str | os.PathLike,
-        device=None,
-        dtype=None,
-        max_length: int = 512,
-        template: PromptTemplate | None = None,
-        top_terms: int = DEFAULT_TOP_TERMS,
-        use_cache: bool = True,
-    ) -> PromptRepsEncoder:
-        model, tokenizer = load_causal_lm(path_or_url, device=device, dtype=dtype)
-        return cls(model, tokenizer, max_length, template=template, top_terms=top_terms, use_cache=use_cache)
+    def from_pretrained(cls, path_or_url: str | os.PathLike, device=None, dtype=None, **options) -> PromptRepsEncoder:
+        """Load a causal LM; ``options`` are the constructor's (``max_length``, ``template``, ``top_terms``,
+        ``use_cache``)."""
+        return cls(*load_causal_lm(path_or_url, device=device, dtype=dtype), **options)
 
     @torch.inference_mode()
     def generate(
@@ -362,24 +359,17 @@ class PromptRepsEncoder(_RepresentativeBase):
         logits = torch.stack(list(out.logits), dim=1)
         return states, logits
 
-    def encode(
-        self,
-        texts: Sequence[str],
-        k: int,
-        kind: Kind = "passage",
-        batch_size: int = 64,
-        max_tokens_per_batch: int = 16_384,
-        show_progress: bool = False,
-    ) -> RepresentativeTokens:
-        """Dense ``(K, d)`` and sparse vectors of ``texts`` in input order; K forward passes per batch."""
-        ids, truncated = self.prompt_ids(texts, check_k(k), kind, [], [])
-        plan = plan_batches([len(x) + k for x in ids], max_tokens_per_batch, batch_size)
-        self.last_stats = RepresentativeStats(texts=len(ids), truncated=truncated, batches=len(plan))
-        pad_id = self.tokenizer.pad_token_id
-        return self.collect(
-            ids, plan, k, lambda rows: self.generate(*left_pad_batch(rows, pad_id), k), passes_per_batch=k,
-            desc=f"promptreps {kind} k={k}", show_progress=show_progress,
-        )
+    def encode_prompts(self, texts: Sequence[str], k: int, kind: Kind) -> tuple[list[list[int]], int]:
+        return self.prompt_ids(texts, k, kind, [], [])  # the K tokens are generated, not in the prompt
+
+    def batch_tokens(self, prompt: list[int], k: int) -> int:
+        return len(prompt) + k
+
+    def read_batch(self, prompts: list[list[int]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.generate(*left_pad_batch(prompts, self.tokenizer.pad_token_id), k)
+
+    def passes_per_batch(self, k: int) -> int:
+        return k  # greedy decoding: one forward pass per generated token
 
 
 def left_pad_batch(token_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -89,7 +89,8 @@ def dataset_file(url: str, name: str, parquet_name: str) -> str:
     raise DatasetError(f"{storage.join(url, name)}: file not found (nor {parquet_name})")
 
 
-def read_rows(url: str) -> list[dict]:
+def read_records(url: str) -> list[dict]:
+    """All rows of a small ``.parquet`` or jsonl file (a dataset's corpus and queries, training rows in tests)."""
     return read_parquet_rows(url) if url.endswith(".parquet") else read_jsonl(url)
 
 
@@ -101,9 +102,9 @@ def load_beir(url: str, split: str = "test") -> BeirDataset:
     qrels_url = dataset_file(url, f"qrels/{split}.tsv", f"qrels/{split}.parquet")
     corpus = {
         str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""}
-        for row in read_rows(corpus_url)
+        for row in read_records(corpus_url)
     }
-    queries = {str(row["_id"]): row["text"] for row in read_rows(queries_url)}
+    queries = {str(row["_id"]): row["text"] for row in read_records(queries_url)}
     qrels = read_qrels_parquet(qrels_url) if qrels_url.endswith(".parquet") else read_qrels(qrels_url)
     unknown_queries = sorted(set(qrels) - set(queries))
     unknown_docs = sorted({d for docs in qrels.values() for d in docs} - set(corpus))

@@ -15,6 +15,7 @@ from itertools import islice
 import pyarrow.parquet as pq
 
 from embedlib import storage
+from embedlib.encoding.formats import embedded_text
 from embedlib.eval.beir import DatasetError
 
 TEXT_SUFFIXES = (".txt", ".tokens", ".zip")
@@ -68,7 +69,7 @@ def parquet_texts(url: str, text_column: str = "text", title_column: str | None 
             titles = batch.column(title_column).to_pylist() if len(columns) > 1 else [None] * len(texts)
             for title, text in zip(titles, texts, strict=True):
                 if text:
-                    yield f"{title} {text}".strip() if title else text
+                    yield embedded_text(title, text)
 
 
 def iter_distractors(url: str, max_words: int = 48, min_words: int = 8) -> Iterator[str]:

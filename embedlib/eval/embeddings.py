@@ -67,3 +67,24 @@ def _encode_chunk(encoder: Encoder, texts: list[str], cache: str | None) -> np.n
 def quantized(vectors: np.ndarray, quantization: Quantization, dim: int | None = None) -> np.ndarray:
     """The stored representation of float ``vectors`` for ``quantization`` (after Matryoshka ``dim``)."""
     return quantize(truncate(torch.from_numpy(vectors), dim), quantization)
+
+
+class PrefixCache:
+    """Encodings of the text lists seen so far: a list that is a prefix of a known one is not encoded again
+    (corpus-growth runs encode the largest corpus first, and smaller scales reuse its prefix)."""
+
+    def __init__(self, most: int | None = None):
+        self.most = most  # how many lists are kept (the newest), all by default
+        self._known: list[tuple[list[str], object]] = []
+
+    def get(self, texts: Sequence[str], encode, take):
+        """``take(encoded, n)`` of a known list that ``texts`` starts, else ``encode(texts)`` (then kept)."""
+        texts = list(texts)
+        for known, encoded in self._known:
+            if len(texts) <= len(known) and known[: len(texts)] == texts:
+                return take(encoded, len(texts))
+        encoded = encode(texts)
+        self._known.append((texts, encoded))
+        if self.most:
+            del self._known[: -self.most]
+        return encoded

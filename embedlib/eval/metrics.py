@@ -7,26 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytrec_eval
 
+from embedlib.search.results import SearchResult
+
 Run = dict[str, dict[str, float]]  # query id -> {doc id: score}
-
-
-def run_from_topk(
-    query_ids: Sequence[str], doc_ids: Sequence[str], indices: np.ndarray, scores: np.ndarray,
-    ignore_identical_ids: bool = False,
-) -> Run:
-    """A pytrec_eval run from top-k index/score arrays (``-1`` indices are skipped)."""
-    run: Run = {}
-    for row, qid in enumerate(query_ids):
-        hits = {}
-        for index, score in zip(indices[row], scores[row], strict=True):
-            if index < 0:
-                continue
-            did = doc_ids[index]
-            if ignore_identical_ids and did == qid:
-                continue
-            hits[did] = float(score)
-        run[qid] = hits
-    return run
 
 
 def evaluate_run(
@@ -62,20 +45,22 @@ def reciprocal_rank(hits: dict[str, float], relevant: dict[str, int], k: int) ->
 
 
 def run_from_hits(
-    query_ids: Sequence[str], hit_ids: Sequence[Sequence[str]], scores: np.ndarray, k: int,
-    ignore_identical_ids: bool = False,
+    query_ids: Sequence[str], found: SearchResult, k: int | None = None, ignore_identical_ids: bool = False
 ) -> Run:
-    """A pytrec_eval run from per-query hit ids and scores (best first), cut to ``k`` hits per query.
+    """A pytrec_eval run from a named search result, cut to ``k`` hits per query (all by default).
 
     With ``ignore_identical_ids`` a query's own id is never a hit (BEIR's rule for query-to-query sets).
     """
     run: Run = {}
-    for qid, ids, row in zip(query_ids, hit_ids, scores, strict=True):
+    k = found.scores.shape[1] if k is None else k
+    if found.ids is None:
+        raise ValueError("run_from_hits needs a result with ids (SearchResult.named)")
+    for qid, ids, row in zip(query_ids, found.ids, found.scores, strict=True):
         hits: dict[str, float] = {}
-        for did, score in zip(ids, row, strict=False):  # ids may be shorter (missing hits)
+        for did, score in zip(ids, row, strict=True):
             if len(hits) == k:
                 break
-            if ignore_identical_ids and did == qid:
+            if did is None or (ignore_identical_ids and did == qid):
                 continue
             hits.setdefault(did, float(score))
         run[qid] = hits

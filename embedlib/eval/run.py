@@ -44,8 +44,7 @@ def corpus_part(dataset: BeirDataset) -> Part:
 def retrieve(system: System, queries: dict[str, str], k: int, ignore_identical_ids: bool) -> Run:
     """The system's top-``k`` run for ``queries``; for Q2Q one extra hit is fetched to replace the self-hit."""
     depth = k + 1 if ignore_identical_ids else k
-    scores, ids = system.search(list(queries.values()), depth)
-    return run_from_hits(list(queries), ids, scores, k, ignore_identical_ids)
+    return run_from_hits(list(queries), system.search(list(queries.values()), depth), k, ignore_identical_ids)
 
 
 def judged_queries(dataset: BeirDataset) -> dict[str, str]:
@@ -138,7 +137,7 @@ def bitext_accuracy(system: System, source: Sequence[str], target: Sequence[str]
     """Fraction of ``source`` sentences whose nearest ``target`` sentence is their own translation."""
     ids = [str(i) for i in range(len(target))]
     system.build([(ids, target)])
-    _, hits = system.search(list(source), 1)
+    hits = system.search(list(source), 1).hits()
     return sum(1 for i, row in enumerate(hits) if row and row[0] == str(i)) / len(source)
 
 

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 
 from embedlib import storage
 from embedlib.eval.beir import BeirDataset
+from embedlib.eval.config import model_name
 from embedlib.eval.distractors import distractor_ids
 from embedlib.eval.metrics import evaluate_run
 from embedlib.eval.run import K_VALUES, judged_queries, retrieve, scale_sizes
-from embedlib.eval.systems import ShardedIndexSystem, model_name
+from embedlib.eval.systems import ShardedIndexSystem
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Retrieval systems compared side by side: a model's exact (or in-process ANN) FAISS search in float, int8 or
 binary, a BM25 baseline, and a published ``ShardedIndex``.
 
-Every system answers ``search(queries, k) -> (scores (n, k) float32, ids list[list[str]])``, best first,
+Every system answers ``search(queries, k) -> SearchResult`` (scores ``(n, k)`` float32 and ids), best first,
 after ``build(parts)`` over the corpus given as ``(ids, texts)`` parts (a dataset's corpus, distractors).
 """
 
@@ -18,8 +18,9 @@ from tqdm.auto import tqdm
 from embedlib import storage
 from embedlib.encoding.encoder import Encoder
 from embedlib.encoding.formats import Quantization, output_dtype, output_width
-from embedlib.eval.embeddings import encode_float, quantized
+from embedlib.eval.embeddings import PrefixCache, encode_float, quantized
 from embedlib.search.bm25 import BM25Index
+from embedlib.search.results import SearchResult
 
 Part = tuple[Sequence[str], Sequence[str]]  # (ids, texts)
 SEARCH_BATCH = 1024
@@ -36,7 +37,7 @@ class System:
         """Index the corpus given as ``(ids, texts)`` parts."""
         raise NotImplementedError
 
-    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, list[list[str]]]:
+    def search(self, queries: Sequence[str], k: int) -> SearchResult:
         raise NotImplementedError
 
     def bytes_per_doc(self) -> float:
@@ -55,7 +56,7 @@ class ModelEmbeddings:
         self.encoder = encoder
         self.cache = cache
         self.show_progress = show_progress
-        self._encoded: list[tuple[list[str], np.ndarray]] = []
+        self._encoded = PrefixCache()
 
     @classmethod
     def load(cls, name: str, path_or_url: str, cache: str | None = None, max_length: int | None = None,
@@ -64,14 +65,12 @@ class ModelEmbeddings:
 
     def float_vectors(self, texts: Sequence[str], desc: str = "encode") -> np.ndarray:
         """Float32 embeddings of ``texts``; a list that is a prefix of one already encoded is not re-encoded."""
-        texts = list(texts)
-        for known, vectors in self._encoded:
-            if len(texts) <= len(known) and known[: len(texts)] == texts:
-                return vectors[: len(texts)]
-        vectors = encode_float(self.encoder, texts, self.cache, desc=f"{self.name}: {desc}",
-                               show_progress=self.show_progress)
-        self._encoded.append((texts, vectors))
-        return vectors
+        return self._encoded.get(
+            texts,
+            lambda new: encode_float(self.encoder, new, self.cache, desc=f"{self.name}: {desc}",
+                                     show_progress=self.show_progress),
+            lambda vectors, n: vectors[:n],
+        )
 
 
 class DenseSystem(System):
@@ -128,7 +127,7 @@ class DenseSystem(System):
             self.index.add(vectors)
             self.ids.extend(ids)
 
-    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, list[list[str]]]:
+    def search(self, queries: Sequence[str], k: int) -> SearchResult:
         vectors = self._vectors(queries, "queries")
         k = min(k, len(self.ids))
         scores = np.zeros((len(vectors), k), dtype=np.float32)
@@ -142,7 +141,7 @@ class DenseSystem(System):
                 found_scores, found_positions = self._search_batch(vectors[batch], k)
                 scores[batch], positions[batch] = found_scores, found_positions
                 bar.update(len(found_scores))
-        return scores, [[self.ids[p] for p in row if p >= 0] for row in positions]
+        return SearchResult(positions=positions, scores=scores).named(self.ids)
 
     def _search_batch(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self.quantization == "binary":
@@ -177,9 +176,8 @@ class BM25System(System):
         texts = [t for _, part_texts in parts for t in part_texts]
         self.bm25 = BM25Index(ids, texts, show_progress=self.show_progress)
 
-    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, list[list[str]]]:
-        positions, scores = self.bm25.search(list(queries), k)
-        return scores, [[self.bm25.ids[p] for p in row] for row in positions]
+    def search(self, queries: Sequence[str], k: int) -> SearchResult:
+        return self.bm25.search(list(queries), k)
 
     def bytes_per_doc(self) -> float:
         """The size of the saved bm25s index (sparse score matrix and vocabulary) per document."""
@@ -214,25 +212,11 @@ class ShardedIndexSystem(System):
     def build(self, parts: Sequence[Part]) -> None:
         """Nothing to build: the published index is searched as it is."""
 
-    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, list[list[str]]]:
-        scores, ids = self.index.search(list(queries), k)
-        return np.asarray(scores, dtype=np.float32), [[d for d in row if d is not None] for row in ids]
+    def search(self, queries: Sequence[str], k: int) -> SearchResult:
+        return self.index.search(list(queries), k)
 
     def bytes_per_doc(self) -> float:
         """Bytes of the published shard files (parquet vectors + FAISS index, from the manifest) per document."""
         shards = self.index.manifest["shards"]
         docs = sum(entry.get("docs", entry["rows"]) for entry in shards)
         return sum(entry["bytes"] for entry in shards) / max(docs, 1)
-
-
-def model_name(spec: str) -> tuple[str, str]:
-    """``NAME=PATH`` or ``PATH`` -> (name, path); a bare path is named after its folder."""
-    head, sep, tail = spec.partition("=")
-    if sep and "/" not in head and ":" not in head:
-        return head, tail
-    parts = [p for p in spec.rstrip("/").split("/") if p]
-    name = parts[-1] if parts else spec
-    if name == "model" and len(parts) > 1:
-        name = parts[-2]
-    return name, spec
-

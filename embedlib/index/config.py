@@ -7,6 +7,7 @@ from typing import Any
 
 from embedlib.config import ConfigError, from_dict
 from embedlib.encoding.formats import QUANTIZATIONS
+from embedlib.encoding.representative_defaults import DEFAULT_K_PASSAGE, DEFAULT_K_QUERY, DEFAULT_TOP_TERMS
 
 INDEX_TYPES = ("flat", "ivf", "hnsw")
 METHODS = ("dense", "diffretriever")
@@ -28,9 +29,9 @@ class IndexJobConfig:
     # "dense": one pooled vector per document (or chunk); "diffretriever": a diffusion LM's K_p mask-token
     # vectors (multi-vector, MaxSim) and a sparse term vector per document, from one forward pass.
     method: str = "dense"
-    k_passage: int = 16  # diffretriever: mask tokens (vectors) per document
-    k_query: int = 4  # diffretriever: mask tokens per query (recorded for searchers; overridable per search)
-    top_terms: int = 128  # diffretriever: terms kept per sparse vector
+    k_passage: int = DEFAULT_K_PASSAGE  # diffretriever: mask tokens (vectors) per document
+    k_query: int = DEFAULT_K_QUERY  # diffretriever: mask tokens per query (recorded for searchers; overridable)
+    top_terms: int = DEFAULT_TOP_TERMS  # diffretriever: terms kept per sparse vector
     quantization: str = "int8"
     dim: int | None = None  # Matryoshka truncation
     index_type: str = "flat"

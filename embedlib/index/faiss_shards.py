@@ -9,12 +9,19 @@ product approximates the cosine and the candidates it proposes are the right one
 
 from __future__ import annotations
 
+import io
 import math
 
 import faiss
 import numpy as np
+import pyarrow.parquet as pq
 
-from embedlib.encoding.formats import cosine_similarity, similarity
+from embedlib import storage
+from embedlib.encoding.formats import cosine_similarity, output_dtype, output_width, similarity
+from embedlib.index.columns import column_matrix
+from embedlib.index.manifest import check_shard_count, check_vector_width
+from embedlib.index.shard_files import read_checked
+from embedlib.search.results import SearchResult, top_k_candidates
 
 SCAN_ROWS = 65_536  # rows per block of the exhaustive int8 scan
 
@@ -142,36 +149,26 @@ def set_search_params(index, params: dict) -> None:
         index.hnsw.efSearch = params["ef_search"]
 
 
-def top_k_candidates(scores: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the ``k`` highest scores (ties: lower position first), padded with ``-inf`` / ``-1``."""
-    n = scores.shape[0]
-    out_scores = np.full((n, k), -np.inf, dtype=np.float32)
-    out_positions = np.full((n, k), -1, dtype=np.int64)
-    for row in range(n):
-        valid = positions[row] >= 0
-        s, p = scores[row][valid], positions[row][valid]
-        order = np.lexsort((p, -s))[:k]
-        out_scores[row, : order.size] = s[order]
-        out_positions[row, : order.size] = p[order]
-    return out_scores, out_positions
 
-
-def exhaustive_cosine(queries: np.ndarray, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def exhaustive_cosine(queries: np.ndarray, vectors: np.ndarray, k: int) -> SearchResult:
     """Exact cosine top-k over all stored vectors, scanned in blocks."""
-    best_scores = np.full((len(queries), 0), -np.inf, dtype=np.float32)
-    best_positions = np.zeros((len(queries), 0), dtype=np.int64)
+    best = SearchResult.empty(len(queries), 0)
     for first in range(0, len(vectors), SCAN_ROWS):
         scores = cosine_similarity(queries, vectors[first : first + SCAN_ROWS])
         positions = np.broadcast_to(np.arange(first, first + scores.shape[1]), scores.shape)
         take = min(k, scores.shape[1])
         part = np.argpartition(-scores, take - 1, axis=1)[:, :take]
-        best_scores = np.hstack([best_scores, np.take_along_axis(scores, part, 1)])
-        best_positions = np.hstack([best_positions, np.take_along_axis(positions, part, 1)])
-        best_scores, best_positions = top_k_candidates(best_scores, best_positions, k)
-    return top_k_candidates(best_scores, best_positions, k)
+        best = top_k_candidates(
+            np.hstack([best.scores, np.take_along_axis(scores, part, 1)]),
+            np.hstack([best.positions, np.take_along_axis(positions, part, 1)]),
+            k,
+        )
+    return top_k_candidates(best.scores, best.positions, k)
 
 
-def rescore(queries: np.ndarray, vectors: np.ndarray, candidates: np.ndarray, quantization: str, k: int):
+def rescore(
+    queries: np.ndarray, vectors: np.ndarray, candidates: np.ndarray, quantization: str, k: int
+) -> SearchResult:
     """Exact scores of each query's candidate rows, best ``k`` kept."""
     scores = np.full(candidates.shape, -np.inf, dtype=np.float32)
     for row in range(len(queries)):
@@ -185,13 +182,48 @@ def rescore(queries: np.ndarray, vectors: np.ndarray, candidates: np.ndarray, qu
 
 def search_shard(
     index, vectors: np.ndarray, queries: np.ndarray, k: int, quantization: str, index_type: str, params: dict
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` ``(scores, positions)`` of one shard for stored-form queries, with exact scores."""
+) -> SearchResult:
+    """Top-``k`` rows (positions) of one shard for stored-form queries, with exact scores."""
     if len(vectors) == 0:
-        return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
+        return SearchResult.empty(len(queries), k)
     if index_type == "flat" and quantization == "int8":
         return exhaustive_cosine(queries, vectors, k)
     set_search_params(index, params)
     fetch = min(len(vectors), k if index_type == "flat" else k * params.get("rerank_factor", 1))
     _, candidates = index.search(faiss_queries(queries, quantization, params), fetch)
     return rescore(queries, vectors, candidates.astype(np.int64), quantization, k)
+
+
+class Shard:
+    """One shard in memory: its FAISS index, stored vectors (for exact scores) and ids."""
+
+    def __init__(
+        self, ids: list[str], vectors: np.ndarray, index, quantization: str, index_type: str, params: dict
+    ):
+        self.ids, self.vectors, self.index = ids, vectors, index
+        self.quantization, self.index_type, self.params = quantization, index_type, dict(params)
+
+    @classmethod
+    def load(cls, base: str, entry: dict, manifest: dict) -> Shard:
+        """Read one shard of ``manifest`` from storage, checking both files against their checksums."""
+        quantization = manifest["quantization"]
+        url = storage.join(base, f"{entry['name']}.parquet")
+        table = pq.read_table(io.BytesIO(read_checked(url, entry["parquet_sha256"])), columns=["id", "vector"])
+        width, dtype = output_width(manifest["dim"], quantization), output_dtype(quantization)
+        check_shard_count(url, table.num_rows, entry["rows"])
+        check_vector_width(url, table.column("vector"), width * dtype.itemsize, f"dim {manifest['dim']} {quantization}")
+        ids = table.column("id").to_pylist()
+        vectors = column_matrix(table.column("vector"), dtype) if ids else np.zeros((0, width), dtype)
+        if "faiss_sha256" in entry:
+            faiss_url = storage.join(base, f"{entry['name']}.faiss")
+            index = deserialize(read_checked(faiss_url, entry["faiss_sha256"]), quantization)
+            check_shard_count(faiss_url, index.ntotal, entry["rows"], "vectors")
+        else:  # flat shards store no FAISS file: the index is made from the stored vectors
+            index = flat_index(vectors, quantization)
+        return cls(ids, vectors, index, quantization, manifest["index"]["type"], manifest["index"]["params"])
+
+    def search(self, queries: np.ndarray, k: int, overrides: dict) -> SearchResult:
+        found = search_shard(
+            self.index, self.vectors, queries, k, self.quantization, self.index_type, self.params | overrides
+        )
+        return found.named(self.ids)

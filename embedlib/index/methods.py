@@ -22,6 +22,7 @@ from embedlib.index.config import IndexJobConfig
 
 if TYPE_CHECKING:
     from embedlib.encoding.encoder import Encoder
+    from embedlib.search.results import SearchResult
 
 
 @dataclass
@@ -96,8 +97,8 @@ class IndexMethod:
     def query_encoder(self, path_or_url: str, manifest: dict):
         raise NotImplementedError
 
-    def search(self, index, queries: Any, k: int, **options) -> tuple[np.ndarray, list[list[str | None]]]:
-        """Top-``k`` ``(scores, ids)`` of a ``ShardedIndex`` of this method."""
+    def search(self, index, queries: Any, k: int, **options) -> SearchResult:
+        """Top-``k`` scores and ids of a ``ShardedIndex`` of this method."""
         raise NotImplementedError
 
     def label(self, manifest: dict) -> str:
@@ -183,7 +184,7 @@ class DenseMethod(IndexMethod):
         return {"quantization": cfg.quantization, "index": {"type": cfg.index_type, "params": params}}
 
     def load_shard(self, base: str, entry: dict, manifest: dict):
-        from embedlib.index.sharded import Shard
+        from embedlib.index.faiss_shards import Shard
 
         return Shard.load(base, entry, manifest)
 
@@ -195,7 +196,7 @@ class DenseMethod(IndexMethod):
     def search(self, index, queries: Any, k: int, nprobe: int | None = None, ef_search: int | None = None):
         vectors = index.check_vectors(queries) if isinstance(queries, np.ndarray) else index.encode_queries(queries)
         overrides = {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value}
-        from embedlib.index.sharded import merge_results
+        from embedlib.search.results import merge_results
 
         return merge_results(index.call_shards("search", vectors, k, overrides), len(vectors), k)
 
@@ -208,6 +209,7 @@ class DiffRetrieverMethod(IndexMethod):
 
     name = "diffretriever"
     multi_vector = True
+    vector_dtype = "float16"  # the K_p vectors as stored (parquet and FAISS): half of float32's bytes
 
     def identity(self, model: str, cfg: IndexJobConfig) -> dict:
         lm = self.load_encoder(model, cfg, "cpu", None)
@@ -215,11 +217,12 @@ class DiffRetrieverMethod(IndexMethod):
                 "vocab_size": lm.vocab_size}
 
     def spec(self, cfg: IndexJobConfig) -> dict | None:
-        return {"method": self.name, "k_passage": cfg.k_passage, "top_terms": cfg.top_terms}
+        return {"method": self.name, "k_passage": cfg.k_passage, "top_terms": cfg.top_terms,
+                "vector_dtype": self.vector_dtype}
 
     def vector_type(self, cfg: IndexJobConfig, identity: dict) -> dict[str, pa.DataType]:
         return {
-            "vector": vector_type(cfg.k_passage * identity["width"], np.float32),
+            "vector": vector_type(cfg.k_passage * identity["width"], np.dtype(self.vector_dtype)),
             "sparse_ids": pa.list_(pa.int32()),
             "sparse_weights": pa.list_(pa.float32()),
         }
@@ -238,7 +241,8 @@ class DiffRetrieverMethod(IndexMethod):
         return EncodedDocs(
             owner=np.arange(n), chunk=np.zeros(n, np.int32), start=np.zeros(n, np.int32),
             end=np.full(n, -1, np.int32), tokens=np.asarray([len(p) for p in prompts], np.int32),
-            columns={"vector": vectors_column(dense.astype(np.float32), types["vector"]), **sparse_columns(found.sparse)},
+            columns={"vector": vectors_column(dense.astype(self.vector_dtype), types["vector"]),
+                     **sparse_columns(found.sparse)},
         )
 
     def index_params(self, cfg: IndexJobConfig, sample: np.ndarray | None, rows: int, dim: int) -> dict:
@@ -249,13 +253,12 @@ class DiffRetrieverMethod(IndexMethod):
     def shard_files(self, table: pa.Table, manifest: dict, template: bytes | None) -> dict[str, bytes]:
         from embedlib.index.representative_shards import shard_index_files
 
-        index_files = shard_index_files(
-            table, manifest["k_passage"], manifest["dim"], manifest["vocab_size"], manifest["index"]["params"]
-        )
+        index_files = shard_index_files(table, manifest)
         return {"parquet": parquet_bytes(table), **index_files}
 
     def manifest_fields(self, cfg: IndexJobConfig, identity: dict, params: dict) -> dict:
-        return {"quantization": "float", "index": {"type": "multivector+sparse", "params": params},
+        return {"quantization": "float", "vector_dtype": self.vector_dtype,
+                "index": {"type": "multivector+sparse", "params": params},
                 "k_passage": cfg.k_passage, "k_query": cfg.k_query, "top_terms": cfg.top_terms,
                 "vocab_size": identity["vocab_size"]}
 
@@ -273,8 +276,9 @@ class DiffRetrieverMethod(IndexMethod):
                dense_weight: float | None = None, candidates: int | None = None, **unused):
         """Texts (encoded with ``k_query`` mask tokens, the manifest's by default) or ``RepresentativeTokens``."""
         from embedlib.encoding.representative_tokens import RepresentativeTokens
-        from embedlib.index.sharded import fuse_shard_candidates, merge_results
+        from embedlib.index.representative_shards import fuse_shard_candidates
         from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES
+        from embedlib.search.results import merge_results
 
         if unused:
             raise ValueError(f"{sorted(unused)}: not used by a diffretriever index (IVF/HNSW options of dense ones)")

@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -179,36 +180,40 @@ def rows_table(records: list[tuple], max_chars: int) -> dict[str, np.ndarray]:
     return {k: np.array(v, dtype=np.int64 if k == "line" else object) for k, v in out.items()}
 
 
-def parse_jsonl_files(
-    batch: dict[str, np.ndarray],
-    id_column: str,
-    text_column: str,
-    title_column: str | None,
-    max_chars: int,
-    batch_rows: int,
-):
+@dataclass(frozen=True)
+class RowFormat:
+    """How the input's rows are read: the id, text and title columns, the longest text, rows per block."""
+
+    id_column: str
+    text_column: str
+    title_column: str | None
+    max_chars: int
+    batch_rows: int
+
+
+def parse_jsonl_files(batch: dict[str, np.ndarray], rows: RowFormat):
     """jsonl files' bytes -> checked rows (one per non-blank line; see ``jsonl_bytes``), ``batch_rows`` at a
     time: a large file becomes many blocks, which the encoder actors share."""
     for data, path in zip(batch["bytes"], batch["path"], strict=True):
         try:
             data = jsonl_bytes(bytes(data))
         except (OSError, EOFError) as err:  # a corrupt gzip file: one reject for the whole file
-            yield rows_table([(None, None, None, path, 0, f"unreadable gzip ({err})")], max_chars)
+            yield rows_table([(None, None, None, path, 0, f"unreadable gzip ({err})")], rows.max_chars)
             continue
         records = []
         for number, line in enumerate(data.split(b"\n"), start=1):
             if line.strip():
-                records.append(jsonl_record(line, path, number, id_column, text_column, title_column))
-            if len(records) == batch_rows:
-                yield rows_table(records, max_chars)
+                records.append(jsonl_record(line, path, number, rows))
+            if len(records) == rows.batch_rows:
+                yield rows_table(records, rows.max_chars)
                 records = []
         if records:
-            yield rows_table(records, max_chars)
+            yield rows_table(records, rows.max_chars)
 
 
-def jsonl_record(line: bytes, path: str, number: int, id_column: str, text_column: str,
-                 title_column: str | None) -> tuple:
+def jsonl_record(line: bytes, path: str, number: int, rows: RowFormat) -> tuple:
     """``(raw_id, title, text, source, line, reason_or_None)`` for one jsonl line."""
+    id_column, text_column, title_column = rows.id_column, rows.text_column, rows.title_column
     try:
         decoded = line.decode("utf-8")
     except UnicodeDecodeError:
@@ -238,16 +243,9 @@ def try_json(line: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def parse_parquet_files(
-    batch: dict[str, np.ndarray],
-    id_column: str,
-    text_column: str,
-    title_column: str | None,
-    max_chars: int,
-    batch_rows: int,
-    filesystem_url: str,
-):
+def parse_parquet_files(batch: dict[str, np.ndarray], rows: RowFormat, filesystem_url: str):
     """Parquet files -> checked rows, streamed a record batch at a time (``line``: the row number, from 1)."""
+    id_column, text_column, title_column = rows.id_column, rows.text_column, rows.title_column
     fs, _ = storage.filesystem(filesystem_url)
     for path in batch["path"]:
         with fs.open(path, "rb") as f:
@@ -255,7 +253,7 @@ def parse_parquet_files(
             names = parquet.schema_arrow.names
             wanted = [c for c in (id_column, text_column, title_column) if c and c in names]
             first = 1
-            for part in parquet.iter_batches(batch_size=batch_rows, columns=wanted):
+            for part in parquet.iter_batches(batch_size=rows.batch_rows, columns=wanted):
                 n = part.num_rows
                 ids = part.column(id_column).to_pylist() if id_column in names else [None] * n
                 texts = part.column(text_column).to_pylist() if text_column in names else [None] * n
@@ -263,7 +261,7 @@ def parse_parquet_files(
                 records = [(i, ti, te, path, first + row, None)
                            for row, (i, ti, te) in enumerate(zip(ids, titles, texts, strict=True))]
                 first += n
-                yield rows_table(records, max_chars)
+                yield rows_table(records, rows.max_chars)
 
 
 def input_snapshot(url: str, files: list[str]) -> dict:
@@ -284,7 +282,10 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
     (and snapshotted) them."""
     fmt = input_format(cfg, files)
     filesystem = ray_filesystem(cfg.input)
-    kwargs = dict(text_column=cfg.text_column, title_column=cfg.title_column, max_chars=cfg.max_text_chars)
+    def row_format(default_id: str) -> RowFormat:
+        return RowFormat(cfg.id_column or default_id, cfg.text_column, cfg.title_column, cfg.max_text_chars,
+                         cfg.batch_rows)
+
     try:
         if fmt == "jsonl":
             ds = ray.data.read_binary_files(files, include_paths=True, filesystem=filesystem,
@@ -294,7 +295,7 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
                 batch_size=1,
                 batch_format="numpy",
                 num_cpus=READ_CPUS,
-                fn_kwargs=dict(id_column=cfg.id_column or "_id", batch_rows=cfg.batch_rows, **kwargs),
+                fn_kwargs=dict(rows=row_format("_id")),
             )
         else:
             ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
@@ -303,8 +304,7 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
                 batch_size=1,
                 batch_format="numpy",
                 num_cpus=READ_CPUS,
-                fn_kwargs=dict(id_column=cfg.id_column or "id", batch_rows=cfg.batch_rows,
-                               filesystem_url=cfg.input, **kwargs),
+                fn_kwargs=dict(rows=row_format("id"), filesystem_url=cfg.input),
             )
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
         raise InputError(f"{storage.redact_url(cfg.input)}: cannot read input "

@@ -21,24 +21,32 @@ from embedlib import storage
 from embedlib.encoding.representative_tokens import RepresentativeTokens
 from embedlib.index.columns import column_matrix, sparse_matrix
 from embedlib.index.manifest import check_shard_count, check_vector_width
-from embedlib.search.hybrid import Candidates, DiffRetrieverIndex
-from embedlib.search.multivector import MultiVectorIndex
+from embedlib.index.shard_files import read_checked
+from embedlib.search.hybrid import Candidates, DiffRetrieverIndex, fuse_candidates
+from embedlib.search.multivector import DEFAULT_FACTORY, MultiVectorIndex
+from embedlib.search.results import SearchResult, named_per_row
 from embedlib.search.sparse import SparseIndex
 
-DEFAULT_PARAMS = {"factory": "Flat", "sparse_scale": 100.0, "candidates": 100}
+DEFAULT_PARAMS = {"factory": DEFAULT_FACTORY, "sparse_scale": 100.0, "candidates": 100}
 SPARSE_COLUMNS = ["sparse_ids", "sparse_weights"]
 
 
-def shard_tokens(table: pa.Table, k: int, dim: int, vocab_size: int) -> RepresentativeTokens:
-    """A shard table's documents as representative tokens (``vector`` holds ``k * dim`` floats per row)."""
-    dense = column_matrix(table.column("vector"), np.float32).reshape(table.num_rows, k, dim)
+def vector_dtype(manifest: dict) -> np.dtype:
+    """How the shards store the K_p vectors: float16 (older indexes: float32, which their manifests do not name)."""
+    return np.dtype(manifest.get("vector_dtype", "float32"))
+
+
+def shard_tokens(table: pa.Table, k: int, dim: int, vocab_size: int, dtype: np.dtype) -> RepresentativeTokens:
+    """A shard table's documents as representative tokens (``vector`` holds ``k * dim`` values per row)."""
+    dense = column_matrix(table.column("vector"), dtype).astype(np.float32).reshape(table.num_rows, k, dim)
     sparse = sparse_matrix(table.column("sparse_ids"), table.column("sparse_weights"), vocab_size)
     return RepresentativeTokens(dense=list(dense), sparse=sparse, k=k)
 
 
-def shard_index_files(table: pa.Table, k: int, dim: int, vocab_size: int, params: dict) -> dict[str, bytes]:
+def shard_index_files(table: pa.Table, manifest: dict) -> dict[str, bytes]:
     """The shard's ``.faiss`` and ``.postings.npz`` files."""
-    tokens = shard_tokens(table, k, dim, vocab_size)
+    k, dim, vocab_size, params = manifest["k_passage"], manifest["dim"], manifest["vocab_size"], manifest["index"]["params"]
+    tokens = shard_tokens(table, k, dim, vocab_size, vector_dtype(manifest))
     if table.num_rows:
         index = DiffRetrieverIndex.build(tokens, factory=params["factory"], scale=params["sparse_scale"])
         dense, sparse = index.dense.faiss, index.sparse
@@ -57,14 +65,13 @@ class RepresentativeShard:
     @classmethod
     def load(cls, base: str, entry: dict, manifest: dict) -> RepresentativeShard:
         """Read one shard of ``manifest``, checking every file against its checksum."""
-        from embedlib.index.sharded import read_checked
-
         name, k, dim = entry["name"], manifest["k_passage"], manifest["dim"]
         url = storage.join(base, f"{name}.parquet")
         table = pq.read_table(io.BytesIO(read_checked(url, entry["parquet_sha256"])), columns=["id", "vector"])
         check_shard_count(url, table.num_rows, entry["rows"])
-        check_vector_width(url, table.column("vector"), k * dim * 4, f"k_passage {k} x dim {dim} float32")
-        vectors = column_matrix(table.column("vector"), np.float32).reshape(-1, dim)
+        dtype = vector_dtype(manifest)
+        check_vector_width(url, table.column("vector"), k * dim * dtype.itemsize, f"k_passage {k} x dim {dim} {dtype}")
+        vectors = column_matrix(table.column("vector"), dtype).reshape(-1, dim)
         offsets = np.arange(0, len(vectors) + 1, k, dtype=np.int64)
         params = manifest["index"]["params"]
         faiss_url = storage.join(base, f"{name}.faiss")
@@ -77,15 +84,13 @@ class RepresentativeShard:
         sparse = SparseIndex.from_postings(postings, params["sparse_scale"])
         return cls(table.column("id").to_pylist(), DiffRetrieverIndex(dense, sparse))
 
-    def search(
-        self, tokens: RepresentativeTokens, k: int, mode: str
-    ) -> tuple[np.ndarray, list[list[str | None]]]:
+    def search(self, tokens: RepresentativeTokens, k: int, mode: str) -> SearchResult:
         """Top-``k`` raw dense (MaxSim) or sparse scores and ids (``-inf`` / ``None`` fill short rows)."""
         if len(self.ids) == 0:
-            return np.full((len(tokens), k), -np.inf, np.float32), [[None] * k for _ in range(len(tokens))]
-        positions, scores = self.index.search(tokens, min(k, len(self.ids)), mode=mode)
-        scores = np.where(positions >= 0, scores, -np.inf).astype(np.float32)
-        return scores, [[self.ids[p] if p >= 0 else None for p in row] for row in positions]
+            return SearchResult.empty(len(tokens), k)
+        found = self.index.search(tokens, min(k, len(self.ids)), mode=mode)
+        scores = np.where(found.positions >= 0, found.scores, -np.inf).astype(np.float32)
+        return SearchResult(positions=found.positions, scores=scores).named(self.ids)
 
     def hybrid_candidates(
         self, tokens: RepresentativeTokens, candidates: int
@@ -96,3 +101,19 @@ class RepresentativeShard:
             return [(Candidates(np.zeros(0, np.int64), empty, empty), []) for _ in range(len(tokens))]
         found = self.index.hybrid_candidates(tokens.dense, tokens.sparse, min(candidates, len(self.ids)))
         return [(c, [self.ids[p] for p in c.positions]) for c in found]
+
+
+def fuse_shard_candidates(
+    per_shard: list[list[tuple[Candidates, list[str]]]], n: int, k: int, dense_weight: float
+) -> SearchResult:
+    """Hybrid top-``k`` over the candidates of all shards: normalised together, fused, ranked."""
+    merged = []
+    ids = []
+    for row in range(n):
+        parts = [shard[row] for shard in per_shard]
+        dense = np.concatenate([np.zeros(0, np.float32)] + [c.dense for c, _ in parts])
+        sparse = np.concatenate([np.zeros(0, np.float32)] + [c.sparse for c, _ in parts])
+        merged.append(Candidates(np.arange(len(dense), dtype=np.int64), dense, sparse))
+        ids.append([doc for _, shard_ids in parts for doc in shard_ids])
+    fused = fuse_candidates(merged, k, dense_weight)
+    return named_per_row(fused, ids)

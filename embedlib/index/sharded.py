@@ -1,8 +1,8 @@
 """``ShardedIndex``: search a published index; fans out over shards (in process, or Ray actors when large).
 
-``search`` returns ``(scores, ids)``: float32 ``(n, k)`` exact similarities (cosine for int8/float, ``-hamming``
-for binary), best first, and the matching id lists. When an index holds fewer than ``k`` rows the missing
-places are score ``-inf`` and id ``None``.
+``search`` returns a ``SearchResult``: ``scores`` float32 ``(n, k)`` exact similarities (cosine for int8/float,
+``-hamming`` for binary), best first, and the matching ``ids``. When an index holds fewer than ``k`` rows the
+missing places are score ``-inf`` and id ``None``.
 
 How shards are loaded and queries answered is the index method's (``embedlib.index.methods``): a DiffRetriever
 index is searched the same way, its scores MaxSim (``mode="dense"``), sparse dot products (``"sparse"``) or
@@ -11,24 +11,19 @@ the hybrid of both (``"hybrid"``, the default), normalised over the candidates o
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow.parquet as pq
 import ray
 
 from embedlib import storage
 from embedlib.encoding.formats import output_dtype, output_width
 from embedlib.errors import UserError
-from embedlib.index.columns import column_matrix
-from embedlib.index.faiss_shards import deserialize, flat_index, search_shard, top_k_candidates
-from embedlib.index.manifest import ManifestError, check_shard_count, check_vector_width, read_manifest
+from embedlib.index.manifest import read_manifest
 from embedlib.index.methods import manifest_method
-from embedlib.search.hybrid import Candidates, fuse_candidates
+from embedlib.search.results import SearchResult
 
 if TYPE_CHECKING:
     from embedlib.encoding.encoder import Encoder
@@ -41,54 +36,6 @@ SHARD_ACTOR_CPUS = 0.1
 
 class IndexMismatchError(UserError, ValueError):
     """Queries made by another model, quantization or width than the index; the message says which."""
-
-
-def read_checked(url: str, sha256: str) -> bytes:
-    """A shard file's bytes, refused (``ManifestError``) when missing or not matching the manifest's checksum."""
-    try:
-        data = storage.read_bytes(url)
-    except FileNotFoundError:
-        raise ManifestError(f"{storage.redact_url(url)}: shard file missing (the manifest names it)") from None
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise ManifestError(f"{storage.redact_url(url)}: checksum does not match the manifest (corrupt or replaced shard)")
-    return data
-
-
-class Shard:
-    """One shard in memory: its FAISS index, stored vectors (for exact scores) and ids."""
-
-    def __init__(
-        self, ids: list[str], vectors: np.ndarray, index, quantization: str, index_type: str, params: dict
-    ):
-        self.ids, self.vectors, self.index = ids, vectors, index
-        self.quantization, self.index_type, self.params = quantization, index_type, dict(params)
-
-    @classmethod
-    def load(cls, base: str, entry: dict, manifest: dict) -> Shard:
-        """Read one shard of ``manifest`` from storage, checking both files against their checksums."""
-        quantization = manifest["quantization"]
-        url = storage.join(base, f"{entry['name']}.parquet")
-        table = pq.read_table(io.BytesIO(read_checked(url, entry["parquet_sha256"])), columns=["id", "vector"])
-        width, dtype = output_width(manifest["dim"], quantization), output_dtype(quantization)
-        check_shard_count(url, table.num_rows, entry["rows"])
-        check_vector_width(url, table.column("vector"), width * dtype.itemsize, f"dim {manifest['dim']} {quantization}")
-        ids = table.column("id").to_pylist()
-        vectors = column_matrix(table.column("vector"), dtype) if ids else np.zeros((0, width), dtype)
-        if "faiss_sha256" in entry:
-            faiss_url = storage.join(base, f"{entry['name']}.faiss")
-            index = deserialize(read_checked(faiss_url, entry["faiss_sha256"]), quantization)
-            check_shard_count(faiss_url, index.ntotal, entry["rows"], "vectors")
-        else:  # flat shards store no FAISS file: the index is made from the stored vectors
-            index = flat_index(vectors, quantization)
-        return cls(ids, vectors, index, quantization, manifest["index"]["type"], manifest["index"]["params"])
-
-    def search(
-        self, queries: np.ndarray, k: int, overrides: dict
-    ) -> tuple[np.ndarray, list[list[str | None]]]:
-        scores, positions = search_shard(
-            self.index, self.vectors, queries, k, self.quantization, self.index_type, self.params | overrides
-        )
-        return scores, [[self.ids[p] if p >= 0 else None for p in row] for row in positions]
 
 
 def load_shard(base: str, entry: dict, manifest: dict):
@@ -234,8 +181,8 @@ class ShardedIndex:
         nprobe: int | None = None,
         ef_search: int | None = None,
         **options,
-    ) -> tuple[np.ndarray, list[list[str | None]]]:
-        """Top-``k`` ``(scores, ids)`` per query, best first (texts are encoded with the manifest's model).
+    ) -> SearchResult:
+        """Top-``k`` scores and ids per query, best first (texts are encoded with the manifest's model).
 
         ``nprobe``/``ef_search`` tune IVF/HNSW dense indexes; a DiffRetriever index takes ``mode``, ``k_query``,
         ``dense_weight`` and ``candidates`` instead (an option the index's method does not use is an error).
@@ -245,37 +192,8 @@ class ShardedIndex:
         options |= {name: value for name, value in (("nprobe", nprobe), ("ef_search", ef_search)) if value}
         return manifest_method(self.manifest).search(self, queries, k, **options)
 
-    def search_representative(self, queries, k: int, **options) -> tuple[np.ndarray, list[list[str | None]]]:
+    def search_representative(self, queries, k: int, **options) -> SearchResult:
         """DiffRetriever search (texts or ``RepresentativeTokens``; ``mode`` dense, sparse or hybrid)."""
         if not manifest_method(self.manifest).multi_vector:
             raise IndexMismatchError(f"index {self.location} is a {self.method} index, not diffretriever")
         return self.search(queries, k, **options)
-
-
-def fuse_shard_candidates(
-    per_shard: list[list[tuple[Candidates, list[str]]]], n: int, k: int, dense_weight: float
-) -> tuple[np.ndarray, list[list[str | None]]]:
-    """Hybrid top-``k`` over the candidates of all shards: normalised together, fused, ranked."""
-    merged = []
-    ids = []
-    for row in range(n):
-        parts = [shard[row] for shard in per_shard]
-        dense = np.concatenate([np.zeros(0, np.float32)] + [c.dense for c, _ in parts])
-        sparse = np.concatenate([np.zeros(0, np.float32)] + [c.sparse for c, _ in parts])
-        merged.append(Candidates(np.arange(len(dense), dtype=np.int64), dense, sparse))
-        ids.append([doc for _, shard_ids in parts for doc in shard_ids])
-    positions, scores = fuse_candidates(merged, k, dense_weight)
-    return scores, [[ids[row][p] if p >= 0 else None for p in positions[row]] for row in range(n)]
-
-
-def merge_results(
-    results: list[tuple[np.ndarray, list[list[str | None]]]], n: int, k: int
-) -> tuple[np.ndarray, list[list[str | None]]]:
-    """Merge per-shard top-k lists into one (ties: earlier shard first, as one unsharded index orders them)."""
-    if not results:
-        return np.full((n, k), -np.inf, np.float32), [[None] * k for _ in range(n)]
-    scores = np.hstack([r[0] for r in results])
-    ids = [sum((r[1][row] for r in results), []) for row in range(n)]
-    positions = np.where(np.isfinite(scores), np.arange(scores.shape[1])[None, :], -1)
-    best_scores, best_positions = top_k_candidates(scores, positions, k)
-    return best_scores, [[ids[row][p] if p >= 0 else None for p in best_positions[row]] for row in range(n)]

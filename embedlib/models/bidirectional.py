@@ -55,102 +55,44 @@ def bidirectional_attention_mask(
 
 
 class BidirectionalMixin:
-    """Mixed into a decoder base model: no causal mask, ever."""
+    """Mixed into a decoder base model or its ``*ForCausalLM`` (same weights and head): no causal mask, ever."""
 
-    def _make_bidirectional(self) -> None:
+    def __init__(self, config):
+        super().__init__(config)
         disable_causal_attention(self)
         self.config.is_causal = False
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
         if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+            inputs_embeds = self.get_input_embeddings()(input_ids)
         if attention_mask is None or attention_mask.ndim == 2:
             attention_mask = bidirectional_attention_mask(self.config, inputs_embeds, attention_mask)
         kwargs.setdefault("use_cache", False)
         return super().forward(inputs_embeds=inputs_embeds, attention_mask=attention_mask, **kwargs)
 
 
-class BidirectionalLMMixin:
-    """Mixed into a ``*ForCausalLM``: the same weights and head, a bidirectional body (diffusion LMs)."""
+def bidirectional_family(name: str, model_type: str, config_base, model_base, lm_base) -> tuple[type, type, type]:
+    """``Bidirectional<name>Config`` (registered as ``model_type``), ``...Model`` and ``...ForMaskedLM``."""
 
-    def _make_bidirectional(self) -> None:
-        disable_causal_attention(self)
-        self.config.is_causal = False
+    def make(suffix: str, bases: tuple, attributes: dict) -> type:
+        return type(f"Bidirectional{name}{suffix}", bases, {"__module__": __name__, **attributes})
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
-        if inputs_embeds is None:
-            inputs_embeds = self.model.embed_tokens(input_ids)
-        if attention_mask is None or attention_mask.ndim == 2:
-            attention_mask = bidirectional_attention_mask(self.config, inputs_embeds, attention_mask)
-        kwargs.setdefault("use_cache", False)
-        return super().forward(inputs_embeds=inputs_embeds, attention_mask=attention_mask, **kwargs)
+    config_cls = make("Config", (config_base,), {"model_type": model_type})
+    model_cls = make("Model", (BidirectionalMixin, model_base), {"config_class": config_cls})
+    lm_cls = make("ForMaskedLM", (BidirectionalMixin, lm_base), {"config_class": config_cls})
+    return config_cls, model_cls, lm_cls
 
 
-# --- Qwen3 (pplx-embed) --------------------------------------------------------------------------------
-
-
-class BidirectionalQwen3Config(Qwen3Config):
-    model_type = "bidirectional_pplx_qwen3"
-
-
-class BidirectionalQwen3Model(BidirectionalMixin, Qwen3Model):
-    config_class = BidirectionalQwen3Config
-
-    def __init__(self, config):
-        super().__init__(config)
-        self._make_bidirectional()
-
-
-class BidirectionalQwen3ForMaskedLM(BidirectionalLMMixin, Qwen3ForCausalLM):
-    config_class = BidirectionalQwen3Config
-
-    def __init__(self, config):
-        super().__init__(config)
-        self._make_bidirectional()
-
-
-# --- Qwen2 (Dream's family) and Llama: the same recipe falls out -------------------------------------
-
-
-class BidirectionalQwen2Config(Qwen2Config):
-    model_type = "bidirectional_qwen2"
-
-
-class BidirectionalQwen2Model(BidirectionalMixin, Qwen2Model):
-    config_class = BidirectionalQwen2Config
-
-    def __init__(self, config):
-        super().__init__(config)
-        self._make_bidirectional()
-
-
-class BidirectionalQwen2ForMaskedLM(BidirectionalLMMixin, Qwen2ForCausalLM):
-    config_class = BidirectionalQwen2Config
-
-    def __init__(self, config):
-        super().__init__(config)
-        self._make_bidirectional()
-
-
-class BidirectionalLlamaConfig(LlamaConfig):
-    model_type = "bidirectional_llama"
-
-
-class BidirectionalLlamaModel(BidirectionalMixin, LlamaModel):
-    config_class = BidirectionalLlamaConfig
-
-    def __init__(self, config):
-        super().__init__(config)
-        self._make_bidirectional()
-
-
-class BidirectionalLlamaForMaskedLM(BidirectionalLMMixin, LlamaForCausalLM):
-    config_class = BidirectionalLlamaConfig
-
-    def __init__(self, config):
-        super().__init__(config)
-        self._make_bidirectional()
-
+# Qwen3 is pplx-embed's family (its published model_type); Qwen2 (Dream's family) and Llama (LLaDA's) follow.
+BidirectionalQwen3Config, BidirectionalQwen3Model, BidirectionalQwen3ForMaskedLM = bidirectional_family(
+    "Qwen3", "bidirectional_pplx_qwen3", Qwen3Config, Qwen3Model, Qwen3ForCausalLM
+)
+BidirectionalQwen2Config, BidirectionalQwen2Model, BidirectionalQwen2ForMaskedLM = bidirectional_family(
+    "Qwen2", "bidirectional_qwen2", Qwen2Config, Qwen2Model, Qwen2ForCausalLM
+)
+BidirectionalLlamaConfig, BidirectionalLlamaModel, BidirectionalLlamaForMaskedLM = bidirectional_family(
+    "Llama", "bidirectional_llama", LlamaConfig, LlamaModel, LlamaForCausalLM
+)
 
 # decoder model_type -> (bidirectional config class, encoder class, LM class)
 BIDIRECTIONAL_FAMILIES = {

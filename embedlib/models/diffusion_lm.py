@@ -11,8 +11,8 @@ no ``trust_remote_code`` is needed:
 - embedlib's own checkpoints (``bidirectional_pplx_qwen3`` etc. with an ``lm_head``) -> ``load_backbone``.
 
 The mask token id comes from the checkpoint's config (``mask_token_id``), else from the tokenizer.
-The module also loads causal LMs for the autoregressive PromptReps baseline and writes tiny checkpoints in
-the Dream and LLaDA on-disk formats for tests.
+The module also loads causal LMs for the autoregressive PromptReps baseline; ``tiny_diffusion.py`` writes tiny
+checkpoints in each on-disk format.
 """
 
 from __future__ import annotations
@@ -29,13 +29,9 @@ from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
 )
 
 from embedlib import storage
@@ -44,12 +40,11 @@ from embedlib.models.bidirectional import (
     BidirectionalLlamaForMaskedLM,
     BidirectionalQwen2Config,
     BidirectionalQwen2ForMaskedLM,
-    BidirectionalQwen3ForMaskedLM,
     is_decoder_family,
-    to_bidirectional_config,
 )
 from embedlib.models.loading import (
     CheckpointError,
+    WrapsModel,
     checkpoint_folder,
     checkpoint_max_length,
     default_device,
@@ -57,10 +52,9 @@ from embedlib.models.loading import (
     read_checkpoint_config,
     resolve_dtype,
 )
-from embedlib.models.tiny import bundled_text, tiny_qwen3_config, train_bpe_tokenizer
+from embedlib.models.mask_token import KNOWN_MASK_IDS, resolve_mask_id
 
-DIFFUSION_FORMATS = ("dream", "llada", "embedlib")
-LLADA_MASK_TOKEN_ID = 126336
+LLADA_MASK_TOKEN_ID = KNOWN_MASK_IDS["llada"]
 # Fields of a Dream config.json that are not Qwen2 architecture fields.
 DREAM_ONLY_FIELDS = ("model_type", "architectures", "auto_map", "transformers_version")
 
@@ -94,7 +88,7 @@ LLADA_REQUIRED = {
 
 
 @dataclass
-class DiffusionLM:
+class DiffusionLM(WrapsModel):
     """A bidirectional LM with its head, and what is needed to read predictions at mask positions."""
 
     model: PreTrainedModel
@@ -105,14 +99,6 @@ class DiffusionLM:
     source: str
     max_length: int
     source_config: dict = field(default_factory=dict)  # the checkpoint's config.json (saving keeps its format)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dim(self) -> int:
-        return int(self.model.config.hidden_size)
 
 
 def detect_format(config: dict) -> str:
@@ -196,15 +182,6 @@ def load_lm_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def resolve_mask_token_id(config: dict, tokenizer: PreTrainedTokenizerBase, source: str) -> int:
-    """The mask id: ``config.json``'s ``mask_token_id`` first (Dream, LLaDA), else the tokenizer's mask token."""
-    if config.get("mask_token_id") is not None:
-        return int(config["mask_token_id"])
-    if tokenizer.mask_token_id is not None:
-        return int(tokenizer.mask_token_id)
-    raise CheckpointError(f"{source}: no mask_token_id in config.json and the tokenizer has no mask token")
-
-
 def load_weights_strictly(model_cls, folder: Path, config, dtype: torch.dtype, source: str, **kwargs):
     """``from_pretrained`` that refuses a checkpoint whose weights do not all map onto the architecture."""
     model, info = model_cls.from_pretrained(
@@ -261,10 +238,14 @@ def load_diffusion_lm(
             )
             default_shift = 0
         model.to(device).eval()
+    try:
+        mask_token_id = resolve_mask_id(tokenizer, config=fields, vocab_size=model.config.vocab_size)
+    except ValueError as error:
+        raise CheckpointError(f"{where}: {error}") from None
     return DiffusionLM(
         model=model,
         tokenizer=tokenizer,
-        mask_token_id=resolve_mask_token_id(fields, tokenizer, where),
+        mask_token_id=mask_token_id,
         logits_shift=default_shift if logits_shift is None else int(logits_shift),
         format=kind,
         source=source,
@@ -416,143 +397,3 @@ def save_diffusion_lm(lm: DiffusionLM, path_or_url: str | os.PathLike) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         _save_lm_local(lm, Path(tmp))
         storage.upload_dir(tmp, path_or_url)
-
-
-# --- tiny checkpoints in the real on-disk formats -----------------------------------------------------
-
-
-def _tiny_tokenizer(vocab_size: int, tokenizer: PreTrainedTokenizerFast | None) -> PreTrainedTokenizerFast:
-    """The given tokenizer (to share one between checkpoints), else a BPE trained on the bundled text."""
-    return tokenizer if tokenizer is not None else train_bpe_tokenizer(bundled_text(), vocab_size)
-
-
-def make_tiny_dream_checkpoint(
-    out_dir: str | os.PathLike,
-    vocab_size: int = 2048,
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_hidden_layers: int = 2,
-    tokenizer: PreTrainedTokenizerFast | None = None,
-) -> Path:
-    """A random tiny checkpoint in Dream's format: Qwen2 weights, ``model_type: "Dream"``, ``auto_map`` to
-    remote code, a ``DreamTokenizer`` tokenizer class, and the mask id in ``config.json``."""
-    out = Path(out_dir)
-    tokenizer = _tiny_tokenizer(vocab_size, tokenizer)
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    fields = json.loads((out / "config.json").read_text())
-    fields.update(
-        model_type="Dream",
-        architectures=["DreamModel"],
-        auto_map={"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-        mask_token_id=tokenizer.mask_token_id,
-    )
-    (out / "config.json").write_text(json.dumps(fields, indent=2))
-    tok_config = json.loads((out / "tokenizer_config.json").read_text())
-    tok_config.update(
-        tokenizer_class="DreamTokenizer",
-        auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
-    )
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-    return out
-
-
-def make_tiny_llada_checkpoint(
-    out_dir: str | os.PathLike,
-    vocab_size: int = 2048,
-    seed: int = 0,
-    hidden_size: int = 32,
-    num_hidden_layers: int = 2,
-    mask_token_id: int = LLADA_MASK_TOKEN_ID,
-    tokenizer: PreTrainedTokenizerFast | None = None,
-) -> Path:
-    """A random tiny checkpoint in LLaDA's format: OLMo-style weight names in two safetensors shards with an
-    index, ``model_type: "llada"``, and LLaDA's embedding size so its real mask id (126336) is in range."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tiny_tokenizer(vocab_size, tokenizer)
-    embedding_size = max(len(tokenizer), ((mask_token_id + 1 + 127) // 128) * 128)
-    torch.manual_seed(seed)
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=embedding_size,
-            hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_hidden_layers,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=2048,
-            tie_word_embeddings=False,
-            rope_theta=500000.0,
-            rms_norm_eps=1e-5,
-        )
-    )
-    names = llada_state_dict(llama.state_dict())
-    keys = sorted(names)
-    shards = {
-        "model-00001-of-00002.safetensors": keys[: len(keys) // 2],
-        "model-00002-of-00002.safetensors": keys[len(keys) // 2 :],
-    }
-    for file, part in shards.items():
-        save_file({key: names[key] for key in part}, str(out / file), metadata={"format": "pt"})
-    index = {"metadata": {}, "weight_map": {key: file for file, part in shards.items() for key in part}}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    fields = {
-        "architectures": ["LLaDAModelLM"],
-        "auto_map": {
-            "AutoConfig": "configuration_llada.LLaDAConfig",
-            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
-        },
-        **llada_fields(llama.config, mask_token_id),
-        "mlp_ratio": 4,
-        "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
-    (out / "config.json").write_text(json.dumps(fields, indent=2))
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def make_tiny_diffusion_qwen3_checkpoint(
-    out_dir: str | os.PathLike,
-    vocab_size: int = 2048,
-    seed: int = 0,
-    tokenizer: PreTrainedTokenizerFast | None = None,
-    **config_overrides,
-) -> Path:
-    """A random tiny checkpoint as embedlib's diffusion pretraining saves it: ``BidirectionalQwen3ForMaskedLM``
-    (``model_type: bidirectional_pplx_qwen3``) with its LM head and a ``<|mask|>`` token."""
-    out = Path(out_dir)
-    tokenizer = _tiny_tokenizer(vocab_size, tokenizer)
-    torch.manual_seed(seed)
-    config = tiny_qwen3_config(
-        len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **config_overrides,
-    )
-    model = BidirectionalQwen3ForMaskedLM(to_bidirectional_config(config))
-    model.config.architectures = ["BidirectionalQwen3ForMaskedLM"]
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-TINY_WRITERS = {
-    "dream": make_tiny_dream_checkpoint,
-    "llada": make_tiny_llada_checkpoint,
-    "embedlib": make_tiny_diffusion_qwen3_checkpoint,
-}

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from embedlib import storage
-from embedlib.errors import UserError
+from embedlib.errors import UserError, storage_failures_as
 from embedlib.models.bidirectional import BIDIRECTIONAL_FAMILIES, is_decoder_family, to_bidirectional_config
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -28,6 +28,20 @@ class CheckpointError(UserError, FileNotFoundError):
     """A checkpoint folder that is missing or incomplete; the message names the path and what is wrong."""
 
 
+class WrapsModel:
+    """``device`` and ``dim`` (hidden size) of an object that holds a transformers ``model``."""
+
+    model: PreTrainedModel
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+
 @dataclass
 class Backbone:
     model: PreTrainedModel
@@ -35,6 +49,7 @@ class Backbone:
     source: str
     max_length: int
     is_decoder: bool
+    pooling: str = "mean"  # how the encoder pools token states (``embedlib.encoding.pooling``); saved in 1_Pooling
 
 
 def default_device() -> torch.device:
@@ -57,15 +72,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def checkpoint_folder(source: str) -> Path:
     """The local folder of the checkpoint at ``source`` (a download when remote); ``CheckpointError`` naming the
     (redacted) URL when it cannot be read."""
-    where = storage.redact_url(source)
-    try:
+    with storage_failures_as(
+        CheckpointError, source, missing="checkpoint folder does not exist", unreadable="cannot read the checkpoint"
+    ):
         return storage.local_dir(source)
-    except FileNotFoundError:
-        raise CheckpointError(f"{where}: checkpoint folder does not exist") from None
-    except Exception as err:  # noqa: BLE001 - any storage failure is reported with the (redacted) URL
-        raise CheckpointError(
-            f"{where}: cannot read the checkpoint ({storage.error_text(err, source)})"
-        ) from None  # the cause's text may hold the URL's credentials
 
 
 def read_checkpoint_config(folder: Path, source: str) -> dict:
@@ -146,6 +156,7 @@ def load_backbone(
         source=source,
         max_length=int(max_length or checkpoint_max_length(folder, tokenizer, config)),
         is_decoder=decoder,
+        pooling=read_pooling_mode(folder),
     )
 
 
@@ -157,3 +168,40 @@ def state_dict_hash(model: torch.nn.Module) -> str:
         digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}".encode())
         digest.update(data.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+# sentence-transformers' Pooling config key of each pooling mode
+POOLING_KEYS = {"mean": "pooling_mode_mean_tokens", "last_token": "pooling_mode_lasttoken"}
+
+
+def read_pooling_mode(folder: Path) -> str:
+    """The pooling mode a checkpoint's ``1_Pooling/config.json`` names (``mean`` where there is none)."""
+    path = folder / "1_Pooling" / "config.json"
+    if not path.is_file():
+        return "mean"
+    config = json.loads(path.read_text())
+    return next((mode for mode, key in POOLING_KEYS.items() if config.get(key)), "mean")
+
+
+def write_sentence_transformers_config(folder: Path, dim: int, max_length: int, pooling: str = "mean") -> None:
+    """The sentence-transformers files for a Transformer + Pooling pipeline (no normalization)."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    pooling_config = {
+        "word_embedding_dimension": dim,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        **{key: mode == pooling for mode, key in POOLING_KEYS.items()},
+    }
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_length, "do_lower_case": False}, indent=2)
+    )
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"similarity_fn_name": "cosine", "model_type": "SentenceTransformer"}, indent=2)
+    )

@@ -16,21 +16,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from embedlib.encoding.encoder import write_sentence_transformers_config
 from embedlib.models.bidirectional import BidirectionalQwen3Model, to_bidirectional_config
+from embedlib.models.loading import write_sentence_transformers_config
 
-# The published Qwen3-0.6B(-Base) shape, for throughput benchmarks of a random-init model of that size.
-QWEN3_0_6B_SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rope_theta=1_000_000,
-    tie_word_embeddings=True,
-)
 TINY_QWEN3_SHAPE = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -41,7 +29,6 @@ TINY_QWEN3_SHAPE = dict(
     max_position_embeddings=2048,
     tie_word_embeddings=True,
 )
-H200_BF16_DENSE_TFLOPS = 989.5  # NVIDIA H200 SXM, bf16 tensor cores, dense (no sparsity)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 FAMILIES = ("qwen3-causal", "qwen3-bidirectional", "pplx-embed", "bert")

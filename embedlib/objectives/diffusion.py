@@ -11,8 +11,6 @@ import torch
 import torch.nn.functional as F
 
 T_MIN = 0.001
-# Mask ids of the published diffusion LMs, accepted by name in configs.
-KNOWN_MASK_IDS = {"dream": 151666, "llada": 126336}
 
 
 def mask_for_diffusion(

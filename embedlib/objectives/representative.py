@@ -35,7 +35,7 @@ def maxsim_matrix(queries: torch.Tensor, passages: torch.Tensor) -> torch.Tensor
     return similarities.amax(dim=-1).mean(dim=-1)
 
 
-def sparse_matrix(queries: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
+def sparse_similarity(queries: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
     """Dot products ``(B, N)`` of query term weights ``(B, V)`` and passage term weights ``(N, V)``."""
     return queries @ passages.T
 
@@ -76,7 +76,7 @@ def diffretriever_loss(
     dense = passage_nce(dense_scores, local, passage_hashes, temperature)
     query_weights = term_weights(query_logits, excluded)
     passage_weights = all_gather_with_grad(term_weights(passage_logits, excluded))
-    sparse_scores = sparse_matrix(query_weights, passage_weights)
+    sparse_scores = sparse_similarity(query_weights, passage_weights)
     sparse = passage_nce(sparse_scores, local, passage_hashes, SPARSE_TEMPERATURE)
     loss = dense + sparse_weight * sparse
     return {"loss": loss, "dense_loss": dense.detach(), "sparse_loss": sparse.detach()}

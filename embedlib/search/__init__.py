@@ -1,1 +1,2 @@
-"""Search stage: lexical (BM25) retrieval and score fusion; dense sharded search lives in ``embedlib.index``."""
+"""Search stage: ``SearchResult`` (what every search returns), BM25, MaxSim multi-vector, sparse and hybrid search,
+adaptive K; dense sharded search lives in ``embedlib.index``."""

@@ -8,6 +8,8 @@ import bm25s
 import numpy as np
 import Stemmer
 
+from embedlib.search.results import SearchResult
+
 
 class BM25Index:
     """An in-memory BM25 index over ``texts`` whose hits are reported as positions into ``ids``."""
@@ -27,13 +29,13 @@ class BM25Index:
     def _tokenize(self, texts: Sequence[str]):
         return bm25s.tokenize(list(texts), stopwords="en", stemmer=self._stemmer, show_progress=False)
 
-    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(positions, scores)`` per query, best first; ``k`` is capped at the corpus size."""
+    def search(self, queries: Sequence[str], k: int) -> SearchResult:
+        """Top-``k`` documents (positions and ids) per query, best first; ``k`` is capped at the corpus size."""
         k = min(k, len(self.ids))
         positions, scores = self._bm25.retrieve(
             self._tokenize(queries), k=k, show_progress=self.show_progress, n_threads=0
         )
-        return positions.astype(np.int64), scores.astype(np.float32)
+        return SearchResult(positions=positions.astype(np.int64), scores=scores.astype(np.float32)).named(self.ids)
 
     def scores(self, query: str) -> np.ndarray:
         """The BM25 score of ``query`` against every indexed text, in index order."""

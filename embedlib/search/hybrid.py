@@ -11,15 +11,18 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import scipy.sparse as sp
 
 from embedlib import storage
-from embedlib.encoding.representative_tokens import RepresentativeTokens
-from embedlib.search.multivector import MultiVectorIndex, maxsim_scores, top_k
+from embedlib.search.multivector import DEFAULT_FACTORY, MultiVectorIndex, maxsim_scores, top_k
+from embedlib.search.results import SearchResult
 from embedlib.search.sparse import SparseIndex, sparse_scores
+
+if TYPE_CHECKING:  # annotations only: search stays torch-free (configs import its modes)
+    from embedlib.encoding.representative_tokens import RepresentativeTokens
 
 Mode = Literal["dense", "sparse", "hybrid"]
 MODES = ("dense", "sparse", "hybrid")
@@ -79,8 +82,8 @@ class Candidates:
 
 def fuse_candidates(
     found: Sequence[Candidates], k: int, dense_weight: float = DEFAULT_DENSE_WEIGHT
-) -> tuple[np.ndarray, np.ndarray]:
-    """Hybrid top-``k`` ``(positions, scores)`` per query: min-max normalised over each query's candidates."""
+) -> SearchResult:
+    """Hybrid top-``k`` documents (positions) per query: min-max normalised over each query's candidates."""
     weight = check_weight(dense_weight)
     positions = np.full((len(found), k), -1, dtype=np.int64)
     scores = np.full((len(found), k), -np.inf, dtype=np.float32)
@@ -88,10 +91,10 @@ def fuse_candidates(
         if not len(candidates.positions):
             continue
         fused = hybrid_scores(candidates.dense[None, :], candidates.sparse[None, :], weight)
-        best, best_scores = top_k(fused, k)
-        positions[row, : best.shape[1]] = candidates.positions[best[0]]
-        scores[row, : best.shape[1]] = best_scores[0]
-    return positions, scores
+        best = top_k(fused, k)
+        positions[row, : best.positions.shape[1]] = candidates.positions[best.positions[0]]
+        scores[row, : best.scores.shape[1]] = best.scores[0]
+    return SearchResult(positions=positions, scores=scores)
 
 
 class DiffRetrieverIndex:
@@ -105,7 +108,7 @@ class DiffRetrieverIndex:
 
     @classmethod
     def build(
-        cls, docs: RepresentativeTokens, factory: str = "Flat", scale: float = 100.0
+        cls, docs: RepresentativeTokens, factory: str = DEFAULT_FACTORY, scale: float = 100.0
     ) -> DiffRetrieverIndex:
         return cls(MultiVectorIndex(docs.dense, factory=factory), SparseIndex(docs.sparse, scale=scale))
 
@@ -119,8 +122,8 @@ class DiffRetrieverIndex:
         mode: Mode = "hybrid",
         dense_weight: float = DEFAULT_DENSE_WEIGHT,
         candidates: int = 100,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(positions, scores)`` per query, best first."""
+    ) -> SearchResult:
+        """Top-``k`` documents (positions) per query, best first."""
         if mode == "dense":
             return self.dense.search(queries.dense, k)
         if mode == "sparse":
@@ -136,7 +139,7 @@ class DiffRetrieverIndex:
         k: int,
         dense_weight: float,
         candidates: int,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> SearchResult:
         """Union of both sides' top ``candidates``, exact scores on both sides, normalised and fused."""
         found = self.hybrid_candidates(dense_queries, sparse_queries, candidates)
         return fuse_candidates(found, k, dense_weight)
@@ -145,8 +148,8 @@ class DiffRetrieverIndex:
         self, dense_queries: Sequence[np.ndarray], sparse_queries: sp.spmatrix, candidates: int
     ) -> list[Candidates]:
         """Per query, the union of both sides' top ``candidates`` with exact raw dense and sparse scores."""
-        dense_top, _ = self.dense.search(dense_queries, candidates)
-        sparse_top, _ = self.sparse.search(sparse_queries, candidates)
+        dense_top = self.dense.search(dense_queries, candidates).positions
+        sparse_top = self.sparse.search(sparse_queries, candidates).positions
         found = []
         for row, query in enumerate(dense_queries):
             union = np.union1d(dense_top[row][dense_top[row] >= 0], sparse_top[row][sparse_top[row] >= 0])

@@ -5,7 +5,8 @@ product with any document vector, clamped at 0, summed over the query vectors.
 
 The index keeps all document vectors in one FAISS index with a vector -> document map; a search asks FAISS
 for the nearest vectors of each query vector, takes their documents as candidates, and reranks those with
-exact MaxSim over the stored vectors.
+exact MaxSim over the stored vectors. Vectors are stored as float16 (``STORED_DTYPE``), in the reranking copy
+and in FAISS (``SQfp16``, the default factory): half of float32's bytes, unit vectors lose ~1e-3 per score.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import faiss
 import numpy as np
 
 from embedlib import storage
+from embedlib.search.results import SearchResult
 
+STORED_DTYPE = np.float16
+DEFAULT_FACTORY = "SQfp16"
 INDEX_FILE = "vectors.faiss"
 ARRAYS_FILE = "multivector.npz"
 META_FILE = "multivector.json"
@@ -50,28 +54,30 @@ def maxsim_scores(queries: Sequence[np.ndarray], docs: Sequence[np.ndarray]) -> 
     )
 
 
-def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions and scores of the ``k`` best columns per row, best first (``k`` capped at the width)."""
+def top_k(scores: np.ndarray, k: int) -> SearchResult:
+    """The ``k`` best columns (positions) per row, best first (``k`` capped at the width)."""
     k = min(k, scores.shape[1])
     part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     part_scores = np.take_along_axis(scores, part, axis=1)
     order = np.argsort(-part_scores, axis=1, kind="stable")
-    return np.take_along_axis(part, order, axis=1).astype(np.int64), np.take_along_axis(
-        part_scores, order, axis=1
+    return SearchResult(
+        positions=np.take_along_axis(part, order, axis=1).astype(np.int64),
+        scores=np.take_along_axis(part_scores, order, axis=1),
     )
 
 
 class MultiVectorIndex:
     """FAISS over all representative vectors of the documents, with exact MaxSim reranking."""
 
-    def __init__(self, docs: Sequence[np.ndarray], factory: str = "Flat"):
-        self.vectors, self.offsets = stack_vectors(docs)
+    def __init__(self, docs: Sequence[np.ndarray], factory: str = DEFAULT_FACTORY):
+        vectors, self.offsets = stack_vectors(docs)
+        self.vectors = vectors.astype(STORED_DTYPE)
         self.vector_doc = np.repeat(np.arange(len(docs), dtype=np.int64), np.diff(self.offsets))
         self.factory = factory
         self.faiss = faiss.index_factory(self.dim, factory, faiss.METRIC_INNER_PRODUCT)
         if not self.faiss.is_trained:
-            self.faiss.train(self.vectors)
-        self.faiss.add(self.vectors)
+            self.faiss.train(vectors)
+        self.faiss.add(vectors)
 
     @property
     def dim(self) -> int:
@@ -93,12 +99,13 @@ class MultiVectorIndex:
         starts, ends = self.offsets[docs], self.offsets[docs + 1]
         rows = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends, strict=True)])
         local_offsets = np.concatenate([[0], np.cumsum(ends - starts)])
-        return maxsim_from_similarities(query.astype(np.float32) @ self.vectors[rows].T, local_offsets)
+        stored = self.vectors[rows].astype(np.float32)
+        return maxsim_from_similarities(query.astype(np.float32) @ stored.T, local_offsets)
 
     def search(
         self, queries: Sequence[np.ndarray], k: int, vectors_per_query_vector: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(positions, MaxSim scores)`` per query, best first; ``-1`` / ``-inf`` fill short rows.
+    ) -> SearchResult:
+        """Top-``k`` documents by MaxSim per query, best first (positions; ``-1`` / ``-inf`` fill short rows).
 
         Candidates: the documents owning each query vector's ``vectors_per_query_vector`` nearest vectors;
         by default ``max(256, k × the most vectors a document has)``, so at least ``k`` documents come back
@@ -112,14 +119,16 @@ class MultiVectorIndex:
         for row, query in enumerate(queries):
             docs = self.candidates(query, min(vectors_per_query_vector, self.faiss.ntotal))
             exact = self.rerank(query, docs)
-            best, best_scores = top_k(exact[None, :], k)
-            positions[row, : best.shape[1]] = docs[best[0]]
-            scores[row, : best.shape[1]] = best_scores[0]
-        return positions, scores
+            best = top_k(exact[None, :], k)
+            positions[row, : best.positions.shape[1]] = docs[best.positions[0]]
+            scores[row, : best.scores.shape[1]] = best.scores[0]
+        return SearchResult(positions=positions, scores=scores)
 
     def bytes_per_doc(self) -> float:
-        """Stored bytes per document: the vectors (float32) plus their entries in the vector -> doc map."""
-        return (self.vectors.nbytes + self.offsets.nbytes) / len(self)
+        """Stored bytes per document: the vectors (float16, for exact MaxSim), their entries in the vector -> doc
+        map, and the FAISS index over them (which holds its own copy of the vectors)."""
+        faiss_bytes = faiss.serialize_index(self.faiss).nbytes
+        return (self.vectors.nbytes + self.offsets.nbytes + faiss_bytes) / len(self)
 
     def save(self, url: str | os.PathLike) -> None:
         """Write the index to a folder (local path or fsspec URL)."""

@@ -16,6 +16,7 @@ import scipy.sparse as sp
 
 from embedlib import storage
 from embedlib.search.multivector import top_k
+from embedlib.search.results import SearchResult
 
 DEFAULT_SCALE = 100.0
 MATRIX_FILE = "postings.npz"
@@ -85,8 +86,8 @@ class SparseIndex:
         """Scores of one query against the documents at positions ``docs``."""
         return self.scores(query)[0, docs]
 
-    def search(self, queries: sp.spmatrix, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(positions, scores)`` per query, best first."""
+    def search(self, queries: sp.spmatrix, k: int) -> SearchResult:
+        """Top-``k`` documents (positions) per query, best first."""
         return top_k(self.scores(queries), k)
 
     def bytes_per_doc(self) -> float:

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForCausalLM
 
-from embedlib.encoding.encoder import Encoder
 from embedlib.models.loading import (
     Backbone,
     checkpoint_folder,
@@ -24,7 +23,8 @@ from embedlib.models.loading import (
 def load_causal_backbone(
     path_or_url: str | os.PathLike, with_lm_head: bool = False, max_length: int | None = None
 ) -> Backbone:
-    """A stock (causal) decoder checkpoint as it is: ``AutoModelForCausalLM`` or ``AutoModel``."""
+    """A stock (causal) decoder checkpoint as it is (``AutoModelForCausalLM`` or ``AutoModel``), pooled by its
+    last token: ``Encoder(load_causal_backbone(...))`` is the ablation's encoder."""
     source = str(path_or_url)
     folder = checkpoint_folder(source)
     config = read_checkpoint_config(folder, source)
@@ -37,13 +37,8 @@ def load_causal_backbone(
         source=source,
         max_length=int(max_length or checkpoint_max_length(folder, tokenizer, config)),
         is_decoder=True,
+        pooling="last_token",
     )
-
-
-def last_token_pool(token_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The state of each sequence's last real token (right padding): ``(B, L, d) -> (B, d)``."""
-    last = attention_mask.sum(dim=1).clamp(min=1) - 1
-    return token_states[torch.arange(token_states.shape[0], device=token_states.device), last]
 
 
 def next_token_loss(
@@ -57,15 +52,3 @@ def next_token_loss(
     with torch.no_grad():
         accuracy = (shifted[valid].argmax(dim=-1) == targets[valid]).float().mean()
     return loss, accuracy
-
-
-class LastTokenEncoder(Encoder):
-    """An ``Encoder`` over a causal backbone that pools the last token instead of the mean."""
-
-    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        states = self.token_states(input_ids, attention_mask)
-        return last_token_pool(states, attention_mask.to(states.device))
-
-    @classmethod
-    def from_pretrained(cls, path_or_url, device=None, dtype=None, max_length=None) -> LastTokenEncoder:
-        return cls(load_causal_backbone(path_or_url, max_length=max_length))

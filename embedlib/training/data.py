@@ -111,14 +111,6 @@ def write_rows(rows: Sequence[dict], url: str) -> None:
     storage.write_bytes_atomic(url, payload)
 
 
-def read_rows(url: str) -> list[dict]:
-    """All rows of a parquet or jsonl file (small files: tests, mining inputs)."""
-    data = storage.read_bytes(url)
-    if data_format(url, None) == "jsonl":
-        return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
-    return pq.read_table(io.BytesIO(data)).to_pylist()
-
-
 # --- converters -------------------------------------------------------------------------------------------
 
 
@@ -239,7 +231,7 @@ def mine_bm25_negatives(
 ) -> list[dict]:
     """Triplets with BM25 hard negatives: top-ranked non-relevant documents (after ``skip_top``)."""
     index = BM25Index(dataset.doc_ids(), dataset.doc_texts())
-    ranked, _ = index.search([p["query"] for p in pairs], depth)
+    ranked = index.search([p["query"] for p in pairs], depth).positions
     return _triplets_from_ranking(pairs, dataset, ranked, k, skip_top)
 
 

@@ -7,6 +7,8 @@ import os
 import torch
 
 from embedlib.encoding.encoder import Encoder
+from embedlib.training.config import MergeConfig
+from embedlib.training.recipe import write_recipe
 
 PARALLEL_DOT = 0.9995  # |cos| above this: the arc is degenerate, interpolate linearly
 
@@ -50,4 +52,5 @@ def merge_checkpoints(
     other = Encoder.from_pretrained(second, device="cpu", dtype="fp32")
     base.model.load_state_dict(slerp_state_dicts(base.model.state_dict(), other.model.state_dict(), t))
     base.save_pretrained(output)
+    write_recipe(output, MergeConfig(first=str(first), second=str(second), output=str(output), t=t))
     return base

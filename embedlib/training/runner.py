@@ -280,7 +280,9 @@ def save_trained_model(parts, cfg: TrainConfig) -> None:
     diffretriever: so ``DiffRetrieverEncoder.from_pretrained`` does (LM head, mask id and format kept)."""
     from embedlib.encoding.encoder import Encoder
     from embedlib.training.lora import merged
+    from embedlib.training.recipe import write_recipe
 
+    write_recipe(cfg.output, cfg)
     if cfg.stage == "diffretriever":
         parts.module.trained_encoder().save_pretrained(cfg.output)
         return

@@ -16,10 +16,10 @@ import torch
 
 from embedlib.encoding.batching import pad_batch
 from embedlib.encoding.encoder import Encoder
-from embedlib.encoding.quantize import mean_pool
 from embedlib.encoding.representative_tokens import DiffRetrieverEncoder
 from embedlib.models.diffusion_lm import load_diffusion_lm
 from embedlib.models.loading import load_backbone
+from embedlib.models.mask_token import resolve_mask_id
 from embedlib.objectives import (
     contextual_beta,
     contextual_loss,
@@ -29,7 +29,6 @@ from embedlib.objectives import (
     pair_loss,
 )
 from embedlib.objectives.contrastive import PAIR_TEMPERATURE, TRIPLET_TEMPERATURE, triplet_loss
-from embedlib.objectives.diffusion import KNOWN_MASK_IDS
 from embedlib.objectives.representative import DIFFRETRIEVER_TEMPERATURE, diffretriever_loss
 from embedlib.training import causal_ablation
 from embedlib.training.config import TrainConfig
@@ -40,22 +39,6 @@ log = logging.getLogger(__name__)
 def text_hash(text: str) -> int:
     """A signed 64-bit content hash (the duplicate-document mask compares these)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-
-
-def resolve_mask_id(mask_id: int | str | None, tokenizer, vocab_size: int | None = None) -> int:
-    """The diffusion mask token: an explicit id, a known family's id, or the tokenizer's mask token."""
-    if isinstance(mask_id, str):
-        mask_id = KNOWN_MASK_IDS[mask_id]
-    if mask_id is None:
-        mask_id = tokenizer.mask_token_id
-        if mask_id is None:
-            raise ValueError(
-                "mask_id: the tokenizer has no mask token; set mask_id to a rarely used token id"
-            )
-    size = vocab_size or len(tokenizer)  # a model's embedding rows may outnumber the tokenizer's tokens
-    if not 0 <= mask_id < size:
-        raise ValueError(f"mask_id: {mask_id} is outside the vocabulary (size {size})")
-    return int(mask_id)
 
 
 def hard_negatives(rows: dict, column: str, k: int) -> list:
@@ -75,7 +58,7 @@ def padded(encoder: Encoder, texts: Sequence[str], max_length: int) -> dict[str,
 # --- pretraining -------------------------------------------------------------------------------------------
 
 
-class DiffusionLM(torch.nn.Module):
+class DiffusionObjective(torch.nn.Module):
     """Masked-diffusion LM objective on a bidirectional decoder with its LM head (§4.2)."""
 
     def __init__(self, lm: torch.nn.Module, mask_id: int, seed: int):
@@ -150,7 +133,7 @@ class ContrastiveModel(torch.nn.Module):
         states = self.encoder.token_states(doc["input_ids"], doc["attention_mask"])
         spans = batch["spans"].to(states.dtype)  # (B, C, L): 1 on the chunk's tokens
         chunks = torch.einsum("bcl,bld->bcd", spans, states) / spans.sum(-1, keepdim=True).clamp(min=1)
-        document = mean_pool(states, doc["attention_mask"].to(states.device))
+        document = self.encoder.pooling(states, doc["attention_mask"])  # pooled as the encoder pools
         beta = contextual_beta(self.progress, *cfg.contextual_beta)
         return matryoshka(
             lambda a, dd, ch: contextual_loss(
@@ -263,16 +246,16 @@ def build_stage(cfg: TrainConfig, seed: int) -> StageParts:
             backbone = load_backbone(
                 cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length, with_lm_head=True
             )
-            module = DiffusionLM(
+            module = DiffusionObjective(
                 backbone.model,
-                resolve_mask_id(cfg.mask_id, backbone.tokenizer, backbone.model.config.vocab_size),
+                resolve_mask_id(backbone.tokenizer, cfg.mask_id, vocab_size=backbone.model.config.vocab_size),
                 seed,
             )
         encoder = Encoder(backbone)
         return StageParts(module, encoder, PretrainCollator(encoder, cfg.data.max_length))
     if cfg.causal:
         backbone = causal_ablation.load_causal_backbone(cfg.model, max_length=cfg.data.max_length)
-        encoder = causal_ablation.LastTokenEncoder(backbone)
+        encoder = Encoder(backbone)  # the causal backbone pools its last token
     else:
         backbone = load_backbone(cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length)
         encoder = Encoder(backbone)

@@ -1,7 +1,7 @@
 """DiffRetriever as one retrieval system: encode a corpus with K_p mask slots, index it, search queries.
 
-It answers the same calls as the evaluation systems (``build(parts)``, ``search(queries, k) -> (scores,
-ids)``, ``bytes_per_doc()``, ``describe()``), so an evaluation or indexing job can offer it as a method.
+It is an evaluation ``System`` (``build(parts)``, ``search(queries, k) -> SearchResult``, ``bytes_per_doc()``,
+``describe()``), offered by the evaluation job next to the dense systems.
 With a ``router``, each query gets its own K (queries are encoded in groups of equal K).
 """
 
@@ -19,10 +19,11 @@ from embedlib.encoding.representative_tokens import (
     DiffRetrieverEncoder,
     RepresentativeTokens,
 )
+from embedlib.eval.embeddings import PrefixCache
+from embedlib.eval.systems import Part, System
 from embedlib.search.adaptive_k import KRouter, UnigramModel
 from embedlib.search.hybrid import DEFAULT_DENSE_WEIGHT, MODES, DiffRetrieverIndex, Mode, check_weight
-
-Part = tuple[Sequence[str], Sequence[str]]  # (ids, texts)
+from embedlib.search.results import SearchResult
 
 
 @dataclass(frozen=True)
@@ -49,28 +50,24 @@ class DiffRetrieverSettings:
 class PassageEncodings:
     """A corpus encoded once with K_p mask tokens, shared by the systems (modes, K_q) of one model.
 
-    A text list that is a prefix of one already encoded is not re-encoded (corpus-growth runs encode the
-    largest corpus first).
+    A text list that is a prefix of one already encoded is not re-encoded (``PrefixCache``).
     """
 
     def __init__(self, encoder: DiffRetrieverEncoder, k_passage: int, batch_size: int = 32,
                  show_progress: bool = True):
         self.encoder, self.k_passage = encoder, k_passage
         self.batch_size, self.show_progress = batch_size, show_progress
-        self._encoded: list[tuple[list[str], RepresentativeTokens]] = []
+        self._encoded = PrefixCache(most=1)  # multi-vectors are large: only the newest (largest) corpus is kept
 
     def get(self, texts: Sequence[str]) -> RepresentativeTokens:
-        texts = list(texts)
-        for known, tokens in self._encoded:
-            if len(texts) <= len(known) and known[: len(texts)] == texts:
-                return tokens.head(len(texts))
-        tokens = self.encoder.encode(texts, k=self.k_passage, kind="passage", batch_size=self.batch_size,
-                                     show_progress=self.show_progress)
-        self._encoded = [(texts, tokens)]  # one list kept: the largest corpus of a growth run comes first
-        return tokens
+        return self._encoded.get(texts, self._encode, lambda tokens, n: tokens.head(n))
+
+    def _encode(self, texts: list[str]) -> RepresentativeTokens:
+        return self.encoder.encode(texts, k=self.k_passage, kind="passage", batch_size=self.batch_size,
+                                   show_progress=self.show_progress)
 
 
-class DiffRetrieverSystem:
+class DiffRetrieverSystem(System):
     """Representative-token multi-vector + sparse retrieval over a corpus given as ``(ids, texts)`` parts."""
 
     kind = "diffretriever"
@@ -135,7 +132,7 @@ class DiffRetrieverSystem:
             groups.append((rows, tokens))
         return groups
 
-    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, list[list[str]]]:
+    def search(self, queries: Sequence[str], k: int) -> SearchResult:
         """Top-``k`` scores ``(n, k)`` float32 and document ids per query, best first."""
         if self.index is None:
             raise RuntimeError("DiffRetrieverSystem.search called before build")
@@ -144,15 +141,15 @@ class DiffRetrieverSystem:
         scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
         positions = np.full((len(queries), k), -1, dtype=np.int64)
         for rows, tokens in self.encode_queries(queries):
-            found, found_scores = self.index.search(
+            found = self.index.search(
                 tokens,
                 k,
                 mode=self.settings.mode,
                 dense_weight=self.settings.dense_weight,
                 candidates=max(self.settings.candidates, k),
             )
-            positions[rows], scores[rows] = found, found_scores
-        return scores, [[self.ids[p] for p in row if p >= 0] for row in positions]
+            positions[rows], scores[rows] = found.positions, found.scores
+        return SearchResult(positions=positions, scores=scores).named(self.ids)
 
     def bytes_per_doc(self) -> float:
         if self.index is None:
