@@ -122,13 +122,12 @@ def test_a_killed_holder_does_not_block_the_next_build(root):
 
     record = json.loads(storage.read_bytes(lease_url(index)))
     data, token = storage.read_versioned(lease_url(index))
-    moved = record | {"host": "another-host", "pid": 1, "expires_at": time.time() + 1.5}
+    moved = record | {"host": "another-host", "pid": 1, "expires_at": time.time() + 3}
     assert storage.replace_if_unchanged(lease_url(index), json.dumps(moved).encode(), token)
-    with pytest.raises(LeaseHeldError, match="on host another-host.*expires in [12] s"):
+    with pytest.raises(LeaseHeldError, match="on host another-host.*expires in [0-3] s"):
         PublishLease(index, 30).acquire()
-    started = time.time()
-    PublishLease(index, 30).acquire(wait_seconds=10)
-    assert 0.5 < time.time() - started < 5
+    PublishLease(index, 30).acquire(wait_seconds=20)
+    assert time.time() >= moved["expires_at"]  # taken once expired, not before
 
 
 # --- real builds into one output at once ------------------------------------------------------------------------
@@ -165,7 +164,7 @@ def test_a_build_that_waits_for_the_lease_goes_on_once_it_is_released(root):
     threading.Timer(1.0, first.release).start()
     started = time.time()
     second = PublishLease(index, 30).acquire(wait_seconds=10)
-    assert 0.9 < time.time() - started < 5 and second.token
+    assert time.time() - started >= 0.9 and second.token
 
 
 @pytest.fixture(scope="module")
