@@ -186,6 +186,31 @@ def incremental(size: int, model: str, args: argparse.Namespace, env: dict, buil
     }
 
 
+def start_environment(object_store_mb: int, prefix: str = "index-scale-") -> tuple[object, str, dict]:
+    """A moto S3 server with ``BUCKET`` (its endpoint and credentials in ``os.environ``), a tiny real-format
+    model and a local Ray with an object store of ``object_store_mb``; returns (server, model path, the
+    environment for build processes, with ``RAY_ADDRESS``)."""
+    import tempfile
+
+    import boto3
+    import ray
+    from moto.server import ThreadedMotoServer
+
+    from embedlib.models.tiny import make_tiny_checkpoint
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server._server.server_port}"
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret",
+                      AWS_DEFAULT_REGION="us-east-1")
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    model = str(make_tiny_checkpoint(work / "tiny-bert", "bert"))
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+             object_store_memory=object_store_mb * 2**20, _temp_dir=str(work / "ray"))
+    return server, model, dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="300000,1000000,3000000")
@@ -204,25 +229,9 @@ def main() -> None:
         return
 
     result = Result(args.name)
-    import tempfile
-
-    import boto3
     import ray
-    from moto.server import ThreadedMotoServer
 
-    from embedlib.models.tiny import make_tiny_checkpoint
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{server._server.server_port}"
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret",
-                      AWS_DEFAULT_REGION="us-east-1")
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-    work = Path(tempfile.mkdtemp(prefix="index-scale-"))
-    model = str(make_tiny_checkpoint(work / "tiny-bert", "bert"))
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=args.object_store_mb * 2**20,
-             _temp_dir=str(work / "ray"))
-    env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    server, model, env = start_environment(args.object_store_mb)
 
     points: list[dict] = []
     settings = {

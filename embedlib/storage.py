@@ -6,11 +6,13 @@ S3 endpoints and credentials come from the environment / standard AWS config (``
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import uuid
+from functools import cache
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -139,6 +141,123 @@ def write_bytes_atomic(url: str | os.PathLike, data: bytes) -> None:
     else:
         fs.copy(tmp, path)
         fs.rm(tmp)
+
+
+def write_bytes_create_only(url: str | os.PathLike, data: bytes) -> str:
+    """Write ``data`` only if nothing is at ``url`` yet, else ``FileExistsError`` (whoever writes first wins);
+    returns the written state's token (see ``read_versioned``).
+
+    Local files: a complete temporary sibling hard-linked into place (``link`` fails if the name exists). Object
+    stores: one PUT with ``If-None-Match: *`` (s3fs's ``mode="create"``; AWS S3 and moto honour it).
+    """
+    fs, path = filesystem(url)
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    if not is_local(url):
+        written = fs.pipe_file(path, data, mode="create")
+        return written["ETag"] if isinstance(written, dict) else read_versioned(url)[1]
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    try:
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_versioned(url: str | os.PathLike) -> tuple[bytes, str]:
+    """An object's bytes and a token naming that exact state (its S3 ETag, read in the same GET; locally a
+    digest of the bytes), for ``replace_if_unchanged``. ``FileNotFoundError`` when there is none."""
+    if is_local(url):
+        data = Path(strip_file_scheme(url)).read_bytes()
+        return data, hashlib.sha256(data).hexdigest()
+    bucket, key = s3_bucket_key(url)
+    try:
+        response = s3_client().get_object(Bucket=bucket, Key=key)
+    except s3_client().exceptions.NoSuchKey:
+        raise FileNotFoundError(redact_url(url)) from None
+    return response["Body"].read(), response["ETag"]
+
+
+def replace_if_unchanged(url: str | os.PathLike, data: bytes, token: str) -> str | None:
+    """Replace the object at ``url`` with ``data`` only if it is still in the state ``token`` names (a
+    compare-and-swap); returns the new state's token, or None when the object had changed (nothing written).
+
+    Object stores: a PUT with ``If-Match: <ETag>`` (AWS S3 since 2024, moto; through boto3, as s3fs does not
+    expose it). Local files: read, compare and ``os.replace`` under an exclusive ``flock`` of a sidecar file.
+    """
+    if not is_local(url):
+        bucket, key = s3_bucket_key(url)
+        client = s3_client()
+        try:
+            return client.put_object(Bucket=bucket, Key=key, Body=data, IfMatch=token)["ETag"]
+        except client.exceptions.ClientError as err:
+            if err.response.get("Error", {}).get("Code") in CAS_CONFLICTS:
+                return None
+            raise
+    path = Path(strip_file_scheme(url))
+    with open(path.with_name(path.name + ".cas-lock"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            current = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if hashlib.sha256(current).hexdigest() != token:
+            return None
+        write_bytes_atomic(path, data)
+        return hashlib.sha256(data).hexdigest()
+
+
+def bucket_exists(url: str | os.PathLike) -> bool:
+    """Whether the bucket of an object-store URL exists; ``PermissionError`` when the credentials are refused
+    (s3fs's ``exists`` would say False, and the message would blame a missing bucket)."""
+    fs, path = filesystem(url)
+    bucket = path.split("/", 1)[0]
+    if not str(url).startswith(("s3://", "s3a://")):
+        return fs.exists(bucket)
+    client = s3_client()
+    try:
+        client.head_bucket(Bucket=bucket)
+    except client.exceptions.ClientError as err:
+        status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status == 404:
+            return False
+        if status == 403:
+            raise PermissionError(f"access to bucket {bucket} denied (HTTP 403): the credentials are unknown, "
+                                  "expired or not allowed to use it") from None
+        raise
+    return True
+
+
+def s3_bucket_key(url: str | os.PathLike) -> tuple[str, str]:
+    """``s3://bucket/key`` -> ``(bucket, key)``."""
+    if not str(url).startswith(("s3://", "s3a://")):
+        raise NotImplementedError(f"{redact_url(url)}: conditional writes are implemented for s3:// and local paths")
+    fs, path = filesystem(url)
+    bucket, key, _ = fs.split_path(path)
+    return bucket, key
+
+
+# What S3 answers a conditional PUT whose condition failed: the object changed, was deleted, or another
+# conditional write to it is in flight.
+CAS_CONFLICTS = ("PreconditionFailed", "NoSuchKey", "ConditionalRequestConflict")
+S3_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                  "AWS_PROFILE", "AWS_DEFAULT_REGION")
+
+
+def s3_client():
+    """A boto3 S3 client for the calls s3fs does not expose (conditional PUTs); endpoint and credentials from
+    the environment and AWS config, as for s3fs (one client per setting of those variables)."""
+    return s3_client_for(tuple(os.environ.get(name) for name in S3_ENVIRONMENT))
+
+
+@cache
+def s3_client_for(environment: tuple) -> object:
+    import boto3
+
+    return boto3.session.Session().client("s3")
 
 
 def cache_root() -> Path:

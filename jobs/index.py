@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep-versions", type=int, help="published versions kept (default 3)")
     parser.add_argument("--keep-recent-hours", type=float,
                         help="never delete a version published less than this long ago (default 24)")
+    parser.add_argument("--lease-seconds", type=float,
+                        help="the publish lease on the output lasts this long unless renewed (default 60)")
+    parser.add_argument("--lease-wait-seconds", type=float,
+                        help="when another build holds the output, wait this long for it before failing (default 0)")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
 

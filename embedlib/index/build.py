@@ -6,7 +6,11 @@
               version's vectors by (id, content_hash)] -> encoder actor pool, which writes parts and rejects
     assemble  (``assemble.py``) parts -> one shard per hash bucket of the id (``groupby(shard).map_groups``):
               duplicate ids rejected, parquet + index files written by the shard's task
-    publish   the version's manifest, then the root manifest (atomically); the staging folder is removed
+    publish   the version's manifest (create-only), then the root manifest (atomically); the staging folder
+              is removed
+
+The whole run holds the output's publish lease (``lease.py``): a second build into the same output fails at
+once with ``LeaseHeldError`` (or waits ``lease_wait_seconds``), before it reads or writes anything there.
 
 No step holds per-document data in the driver: rows, hashes and vectors stay in Ray Data's streams and in
 files written by tasks. The driver holds the plan, one count row per encoder batch (added up as it streams
@@ -29,6 +33,7 @@ from embedlib.index import manifest as manifests
 from embedlib.index.assemble import assemble, training_sample
 from embedlib.index.config import IndexJobConfig, IndexSummary
 from embedlib.index.encode_stage import encode_to_parts
+from embedlib.index.lease import PublishLease, held_lease
 from embedlib.index.parts import EncodeSettings, part_counts
 from embedlib.index.plan import (
     BuildPlan,
@@ -156,9 +161,11 @@ def version_manifest(run: BuildPlan, params: dict) -> dict:
     }
 
 
-def publish(run: BuildPlan, manifest: dict) -> None:
-    """Publish the version atomically, remove this input's staging folder and prune old versions."""
+def publish(run: BuildPlan, manifest: dict, lease: PublishLease) -> None:
+    """Publish the version atomically (if this build still holds the lease), remove this input's staging
+    folder and prune old versions."""
     manifest["created_at"] = datetime.now(UTC).isoformat()
+    lease.renew()  # LeaseLostError if another build took the index over: it may be publishing now
     manifests.publish(run.out, manifest)
     fs, staging = storage.filesystem(run.staging)
     if fs.exists(staging):
@@ -235,16 +242,18 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
     cfg = config.validate()
     started = time.perf_counter()
     files = check_locations(cfg)
-    ensure_ray()
-    configure_ray_data(cfg)
-    run = plan(cfg, files)
-    if run.unchanged:
-        return unchanged_summary(run, time.perf_counter() - started)
-    totals, encode_seconds = encode(run)
-    if run.resumed:  # the counts must include the parts a killed run wrote
-        totals = tally_parts(run)
-    manifest, shard_counts = assemble_version(run, totals)
-    publish(run, manifest)
+    with held_lease(cfg.output.rstrip("/"), cfg.lease_seconds, cfg.lease_wait_seconds) as lease:
+        ensure_ray()
+        configure_ray_data(cfg)
+        run = plan(cfg, files, after_version=lease.avoid_version)
+        if run.unchanged:
+            return unchanged_summary(run, time.perf_counter() - started)
+        lease.record_version(run.version)
+        totals, encode_seconds = encode(run)
+        if run.resumed:  # the counts must include the parts a killed run wrote
+            totals = tally_parts(run)
+        manifest, shard_counts = assemble_version(run, totals)
+        publish(run, manifest, lease)
     counts = manifest["counts"]
     return IndexSummary(
         url=storage.redact_url(run.out),

@@ -16,7 +16,7 @@ INPUT_FORMATS = ("auto", "jsonl", "parquet")
 # model's weights hash instead): a rerun that differs only in these is the same index.
 RUN_ONLY_FIELDS = ("input", "output", "model", "strict", "actors", "cpus_per_actor", "gpus_per_actor",
                    "torch_threads", "device", "dtype", "batch_rows", "max_tokens_per_batch", "keep_versions",
-                   "keep_recent_hours", "allow_shrink", "show_progress")
+                   "keep_recent_hours", "allow_shrink", "show_progress", "lease_seconds", "lease_wait_seconds")
 
 
 @dataclass
@@ -63,6 +63,10 @@ class IndexJobConfig:
     keep_versions: int = 3  # published versions kept (the current one included); unpublished ones never count
     keep_recent_hours: float = 24.0  # a version published less than this long ago is never deleted
     allow_shrink: bool = False  # publish a version with under half the current version's documents
+    # One build at a time per output (``embedlib.index.lease``): the lease lasts this long unless renewed (the
+    # build renews it every third of it), and a build finding it held waits this long before failing.
+    lease_seconds: float = 60.0
+    lease_wait_seconds: float = 0.0
     show_progress: bool = True
 
     @classmethod
@@ -122,6 +126,10 @@ class IndexJobConfig:
                     raise ConfigError(f"{name}: not supported with method diffretriever")
         if not isinstance(self.keep_recent_hours, int | float) or self.keep_recent_hours < 0:
             raise ConfigError(f"keep_recent_hours: must be a number >= 0, got {self.keep_recent_hours!r}")
+        for name, least in (("lease_seconds", 1), ("lease_wait_seconds", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{name}: must be a number >= {least}, got {value!r}")
         if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
             raise ConfigError("cpus_per_actor/gpus_per_actor: must be >= 0")
         if not self.text_column:

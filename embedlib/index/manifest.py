@@ -208,9 +208,19 @@ def version_folders(url: str) -> dict[int, str]:
 
 
 def publish(url: str, manifest: dict) -> None:
-    """Write the version's own manifest, then the root manifest: readers switch to it in one step."""
+    """Write the version's own manifest (create-only: a version number is published once, ever), then the
+    root manifest unless it already names a newer version: readers switch to the new one in one step."""
     data = json.dumps(manifest, indent=2, sort_keys=True).encode()
-    storage.write_bytes_atomic(storage.join(url, manifest["path"], MANIFEST), data)
+    version_manifest = storage.join(url, manifest["path"], MANIFEST)
+    try:
+        storage.write_bytes_create_only(version_manifest, data)
+    except FileExistsError:
+        raise ManifestError(f"{storage.redact_url(version_manifest)}: version {manifest['version']} was already "
+                            "published by another build; nothing published, rerun the job") from None
+    current = published_manifest(url)
+    if current and current["version"] > manifest["version"]:
+        raise ManifestError(f"{storage.redact_url(url)}: version {current['version']} was published meanwhile, "
+                            f"newer than this build's {manifest['version']}; the root manifest is left as it is")
     storage.write_bytes_atomic(storage.join(url, MANIFEST), data)
 
 

@@ -134,7 +134,7 @@ def check_output(url: str) -> None:
         fs, path = storage.filesystem(url)
         if fs.isfile(path):
             raise ConfigError(f"output: {where} is a file; give a folder or URL prefix for the index")
-        if not storage.is_local(url) and not fs.exists(path.split("/", 1)[0]):
+        if not storage.is_local(url) and not storage.bucket_exists(url):
             raise ConfigError(f"output: the bucket of {where} does not exist; create it first")
         probe = storage.join(url, "_staging", f".write-check-{uuid.uuid4().hex[:12]}")
         storage.write_bytes_atomic(probe, b"")
@@ -147,8 +147,9 @@ def check_output(url: str) -> None:
                           f"({storage.error_text(err, url)})") from None
 
 
-def plan(cfg: IndexJobConfig, files: list[str]) -> BuildPlan:
-    """Identify the model and the input, and choose the version number and the staging folder."""
+def plan(cfg: IndexJobConfig, files: list[str], after_version: int = 0) -> BuildPlan:
+    """Identify the model and the input, and choose the version number (above every published version,
+    version folder and ``after_version``) and the staging folder."""
     method = index_method(cfg.method)
     model = model_location(cfg)
     out = cfg.output.rstrip("/")
@@ -159,7 +160,7 @@ def plan(cfg: IndexJobConfig, files: list[str]) -> BuildPlan:
         method.spec(cfg),
     )
     published = manifests.published_manifest(out)
-    version = max([published["version"] if published else 0, *manifests.version_folders(out)]) + 1
+    version = max([published["version"] if published else 0, *manifests.version_folders(out), after_version]) + 1
     reusable = published if published and published.get("encoding_key") == key and manifests.streamable(
         published) else None
     staging = storage.join(out, "_staging", f"{key}-{snapshot['sha256'][:16]}")

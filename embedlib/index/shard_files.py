@@ -14,6 +14,9 @@ def read_checked(url: str, sha256: str) -> bytes:
         data = storage.read_bytes(url)
     except FileNotFoundError:
         raise ManifestError(f"{storage.redact_url(url)}: shard file missing (the manifest names it)") from None
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise ManifestError(f"{storage.redact_url(url)}: checksum does not match the manifest (corrupt or replaced shard)")
+    found = hashlib.sha256(data).hexdigest()
+    if found != sha256:
+        raise ManifestError(f"{storage.redact_url(url)}: checksum mismatch, the manifest says sha256 {sha256}, the "
+                            f"file ({len(data)} bytes) has {found}: a truncated, corrupt or replaced shard file; "
+                            "nothing of it was read")
     return data
