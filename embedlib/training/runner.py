@@ -26,10 +26,10 @@ from embedlib.training.config import TrainConfig, from_dict, to_dict
 
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
-# ``after_step(step, rank, resumed_from)``: called on every worker after each optimizer step (and after that
-# step's checkpoint, if any); ``resumed_from`` is the checkpoint's step in a resumed attempt, else None.
+# ``after_step(metrics, rank)``: called on every worker after each optimizer step (and after that step's
+# checkpoint, if any) with the step's metrics (``step``, ``loss``, ``resumed_from_step`` in a resumed attempt).
 # Production runs pass none; tests inject faults with it.
-StepHook = Callable[[int, int, "int | None"], None]
+StepHook = Callable[[dict, int], None]
 
 
 class TrainingDiverged(RuntimeError):
@@ -259,7 +259,7 @@ def worker_loop(config: dict) -> None:
         elif cfg.report_every and step % cfg.report_every == 0:
             ray.train.report(metrics)
         if after_step is not None:
-            after_step(step, rank, resumed_from)
+            after_step(metrics, rank)
     with whole_parameters(parts.module, cfg):
         if rank == 0:
             save_trained_model(parts, cfg)
