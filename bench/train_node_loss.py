@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import threading
@@ -27,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_cluster import add_worker_node, local_cluster, node_named  # noqa: E402
 from result_file import Result  # noqa: E402
+from s3_endpoint import start_s3_endpoint  # noqa: E402
 from train_faults import CheckpointMarkers, HoldForNodeLoss, wait_for_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,20 +44,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="model of the upload runs (MiniLM: ~90 MB of weights + optimizer state per checkpoint)")
     parser.add_argument("--name", default="train_node_loss")
     return parser.parse_args(argv)
-
-
-def start_s3() -> str:
-    """A moto S3 server on loopback with credentials in the environment (before Ray starts, so workers inherit)."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{server._server.server_port}"
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret",
-                      AWS_DEFAULT_REGION="us-east-1")
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-    return endpoint
 
 
 def pair_config(model: str, data: str, work: Path, run: str, steps: int, **overrides):
@@ -176,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from embedlib.models.tiny import make_tiny_checkpoint
     from embedlib.training.data import beir_pairs, write_rows
 
-    start_s3()
+    start_s3_endpoint(BUCKET)
     work = Path(tempfile.mkdtemp(prefix="train-node-loss-"))
     tiny = str(make_tiny_checkpoint(work / "tiny", "pplx-embed"))
     data = str(work / "pairs.parquet")
