@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import shutil
 import tempfile
@@ -24,7 +23,6 @@ import torch
 from embedlib import storage
 from embedlib.training.config import TrainConfig, from_dict, to_dict
 
-log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
 # ``after_step(metrics, rank)``: called on every worker after each optimizer step (and after that step's
 # checkpoint, if any) with the step's metrics (``step``, ``loss``, ``resumed_from_step`` in a resumed attempt).
