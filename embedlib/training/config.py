@@ -101,7 +101,7 @@ class TrainConfig:
     report_every: int = 0
     # "async": the step loop goes on while a checkpoint is uploaded (Ray Train uploads it in the background);
     # "sync": each checkpointing step waits for its upload.
-    checkpoint_upload: Literal["sync", "async"] = "sync"
+    checkpoint_upload: Literal["sync", "async"] = "async"
 
     def __post_init__(self) -> None:
         if self.hard_negatives is None:
