@@ -8,9 +8,9 @@
    one worker is removed, and a node is added back ``--return-after`` seconds later. Ray Train restarts the
    worker group from the latest checkpoint (``FailureConfig``). Figures: seconds from the removal to the
    first step of the resumed attempt, steps redone, and the largest weight difference from run 1.
-3. Step time with a checkpoint uploaded every ``--upload-every`` steps (MiniLM: ~90 MB of weights, ~270 MB with AdamW
-   state per checkpoint, to a real S3 endpoint: moto server over HTTP, in this process), uploaded synchronously
-   and asynchronously, against the same run checkpointing only at its end.
+3. Step time with a checkpoint uploaded every ``--upload-every`` steps (MiniLM: ~90 MB of weights, ~270 MB
+   with AdamW state per checkpoint, to a real S3 endpoint: moto server over HTTP, in this process), uploaded
+   synchronously and asynchronously, against the same run checkpointing only at its end.
 """
 
 from __future__ import annotations
