@@ -67,6 +67,11 @@ class ServedIndex(ShardedIndex):
             index.set_encoder(model if hasattr(model, "weights_hash") else index.load_encoder(str(model)))
         return index
 
+    @classmethod
+    def open(cls, url: str | os.PathLike, model=None, use_ray: bool | None = None) -> ServedIndex:
+        """``serve`` with the default wait: a served index always runs its shards on restartable actors."""
+        return cls.serve(url, model)
+
     def placement(self) -> list[str]:
         """The node id each shard is served from, in shard order (waits for shards being re-placed)."""
         return self.call_shard_actors("node_id")
