@@ -192,18 +192,12 @@ def start_environment(object_store_mb: int, prefix: str = "index-scale-") -> tup
     environment for build processes, with ``RAY_ADDRESS``)."""
     import tempfile
 
-    import boto3
     import ray
-    from moto.server import ThreadedMotoServer
+    from s3_endpoint import start_s3_endpoint
 
     from embedlib.models.tiny import make_tiny_checkpoint
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{server._server.server_port}"
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret",
-                      AWS_DEFAULT_REGION="us-east-1")
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+    server = start_s3_endpoint(BUCKET)
     work = Path(tempfile.mkdtemp(prefix=prefix))
     model = str(make_tiny_checkpoint(work / "tiny-bert", "bert"))
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,

@@ -12,6 +12,7 @@ import csv
 
 import pytest
 from conftest import tiny_pretrain_values
+from train_faults import CheckpointMarkers, KillAfterCheckpoint
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.training.config import TrainConfig, from_dict
@@ -119,11 +120,14 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_models, shared_
             "checkpoint_url": str(tmp_path / "ckpt"),
             "checkpoint_every": 2,
             "max_failures": 1,
-            "inject_failure_at_step": 3,
             "run_name": "resume",
         },
     )
-    result = train(cfg)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    # the worker dies at step 3, once the controller has registered the step-2 checkpoint
+    result = train(cfg, after_step=KillAfterCheckpoint(markers, step=3, checkpointed=2),
+                   callbacks=[CheckpointMarkers(markers)])
     steps = [row["step"] for row in result.history]
     assert steps == [1, 2, 3, 4, 5]  # step 3 was lost with the killed worker and redone once
     assert "resumed_from_step" not in result.history[1]

@@ -46,6 +46,8 @@ class ScalingConfig:
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     torch_threads: int | None = None  # CPU: threads per worker (None: Ray's OMP_NUM_THREADS)
+    # How workers are placed: "STRICT_SPREAD" puts each on its own node, so losing a node loses one worker.
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
 
 
 @dataclass
@@ -97,7 +99,9 @@ class TrainConfig:
     # waits until the controller has taken the previous one (it polls every 2 s): frequent reports throttle
     # fast steps.
     report_every: int = 0
-    inject_failure_at_step: int | None = None  # fault injection for resilience tests: kills a worker once
+    # "async": the step loop goes on while a checkpoint is uploaded (Ray Train uploads it in the background);
+    # "sync": each checkpointing step waits for its upload.
+    checkpoint_upload: Literal["sync", "async"] = "async"
 
     def __post_init__(self) -> None:
         if self.hard_negatives is None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
-import os
+import shutil
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +23,11 @@ import torch
 from embedlib import storage
 from embedlib.training.config import TrainConfig, from_dict, to_dict
 
-log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
+# ``after_step(metrics, rank)``: called on every worker after each optimizer step (and after that step's
+# checkpoint, if any) with the step's metrics (``step``, ``loss``, ``resumed_from_step`` in a resumed attempt).
+# Production runs pass none; tests inject faults with it.
+StepHook = Callable[[dict, int], None]
 
 
 class TrainingDiverged(RuntimeError):
@@ -133,15 +136,29 @@ def restore(engine, checkpoint) -> tuple[int, list[dict]]:
     return int(state["step"]), state["history"]
 
 
-def save_checkpoint(engine, step: int, history: list[dict], metrics: dict, rank: int) -> None:
-    """Every rank writes its DeepSpeed shard; rank 0 adds the step and history; Ray Train persists them."""
+def save_checkpoint(engine, step: int, history: list[dict], metrics: dict, rank: int, upload: str) -> None:
+    """Every rank writes its DeepSpeed shard; rank 0 adds the step and history; Ray Train persists them.
+
+    ``upload="async"``: Ray Train copies the folder to storage in the background and deletes it afterwards,
+    so the step loop does not wait for the upload; ``"sync"``: ``report`` returns once it is stored.
+    """
     import ray.train
 
-    with tempfile.TemporaryDirectory() as folder:
+    folder = tempfile.mkdtemp(prefix=f"embedlib-ckpt-{step}-")
+    try:
         engine.save_checkpoint(folder, tag="state")
         if rank == 0:
             (Path(folder) / STATE_FILE).write_text(json.dumps({"step": step, "history": history}))
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+        mode = ray.train.CheckpointUploadMode.ASYNC if upload == "async" else ray.train.CheckpointUploadMode.SYNC
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(folder),
+            checkpoint_upload_mode=mode,
+            delete_local_checkpoint_after_upload=True,
+        )
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def micro_batches(shard, cfg: TrainConfig, skip: int):
@@ -174,6 +191,7 @@ def worker_loop(config: dict) -> None:
 
     cfg: TrainConfig = from_dict(TrainConfig, config["train"])
     steps: int = config["steps"]
+    after_step: StepHook | None = config.get("after_step")
     context = ray.train.get_context()
     rank = context.get_world_rank()
     # One thread per worker unless told: on a shared or oversubscribed CPU, extra threads spin and slow down.
@@ -191,6 +209,7 @@ def worker_loop(config: dict) -> None:
     accumulation = cfg.deepspeed.gradient_accumulation_steps
     batches = micro_batches(ray.train.get_dataset_shard("train"), cfg, skip=step * accumulation)
     tokens, started, metrics = 0, time.perf_counter(), {}
+    step_started = started
     while step < steps:
         epoch, rows = next(batches)
         if hasattr(parts.module, "progress"):
@@ -209,14 +228,18 @@ def worker_loop(config: dict) -> None:
         if not engine.is_gradient_accumulation_boundary():
             continue
         step += 1
-        elapsed = time.perf_counter() - started
+        now = time.perf_counter()
+        elapsed = now - started
         metrics = {
             "step": step,
             "epoch": epoch,
             "loss": loss,
             "lr": engine.get_lr()[0],
             "tokens_per_s": all_ranks_mean(tokens / elapsed) * context.get_world_size(),
+            # wall time since the previous step ended, including that step's checkpoint save/upload
+            "step_seconds": now - step_started,
         }
+        step_started = now
         if resumed_from is not None:
             metrics["resumed_from_step"] = resumed_from
         if "accuracy" in out:
@@ -229,12 +252,12 @@ def worker_loop(config: dict) -> None:
         history.append(metrics)
         if rank == 0 and step % cfg.log_every == 0:
             print(progress_line(metrics, steps), flush=True)
-        if cfg.inject_failure_at_step == step:
-            inject_failure_once(cfg, rank, step)
         if step % cfg.checkpoint_every == 0 or step == steps:
-            save_checkpoint(engine, step, history, metrics, rank)
+            save_checkpoint(engine, step, history, metrics, rank, cfg.checkpoint_upload)
         elif cfg.report_every and step % cfg.report_every == 0:
             ray.train.report(metrics)
+        if after_step is not None:
+            after_step(metrics, rank)
     with whole_parameters(parts.module, cfg):
         if rank == 0:
             save_trained_model(parts, cfg)
@@ -257,22 +280,6 @@ def whole_parameters(module: torch.nn.Module, cfg: TrainConfig):
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
-
-
-def inject_failure_once(cfg: TrainConfig, rank: int, step: int) -> None:
-    """Fault injection for resilience tests: the first time a run gets here, this worker process dies.
-
-    It waits first so the controller can register the last reported checkpoint (Ray Train collects reports
-    by polling; a worker that dies right after ``report`` can take that report with it, and the run then
-    resumes from the checkpoint before). A marker in the run's storage makes it fire once per run.
-    """
-    marker = storage.join(checkpoint_url(cfg), cfg.run_name, f"fault-injected-rank{rank}")
-    if storage.exists(marker):
-        return
-    storage.write_bytes_atomic(marker, str(step).encode())
-    time.sleep(10)
-    log.error("fault injection: worker %d exits at step %d", rank, step)
-    os._exit(1)
 
 
 def save_trained_model(parts, cfg: TrainConfig) -> None:
@@ -328,8 +335,14 @@ def run_storage(cfg: TrainConfig) -> tuple[str, object]:
     return path, filesystem
 
 
-def train(cfg: TrainConfig, dataset=None) -> TrainResult:
-    """Run a training stage on Ray Train + DeepSpeed; returns where the model went and the metric history."""
+def train(
+    cfg: TrainConfig, dataset=None, after_step: StepHook | None = None, callbacks: Sequence = ()
+) -> TrainResult:
+    """Run a training stage on Ray Train + DeepSpeed; returns where the model went and the metric history.
+
+    ``after_step`` runs on the workers after every step and ``callbacks`` (``ray.train.UserCallback``) on the
+    Ray Train controller: hooks for tests and tools; a production run passes neither.
+    """
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -340,9 +353,6 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
     if dataset is None:
         rows = row_format(cfg.stage, cfg.hard_negatives)
         dataset = read_dataset(cfg.data.url, rows, cfg.data.format, stream=cfg.data.stream)
-    # Ray Train's helper actors find the cluster through RAY_ADDRESS; name ours, as other local
-    # instances may be running on a shared machine.
-    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     steps = total_steps(cfg, dataset.count())
     storage_path, filesystem = run_storage(cfg)
     marker = divergence_marker(cfg)
@@ -351,7 +361,7 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
         fs.rm(path)
     trainer = TorchTrainer(
         worker_loop,
-        train_loop_config={"train": to_dict(cfg), "steps": steps},
+        train_loop_config={"train": to_dict(cfg), "steps": steps, "after_step": after_step},
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=cfg.scaling.num_workers,
@@ -360,6 +370,7 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
                 "CPU": cfg.scaling.cpus_per_worker,
                 **({"GPU": 1} if cfg.scaling.use_gpu else {}),
             },
+            placement_strategy=cfg.scaling.placement_strategy,
         ),
         run_config=ray.train.RunConfig(
             name=cfg.run_name,
@@ -367,6 +378,7 @@ def train(cfg: TrainConfig, dataset=None) -> TrainResult:
             storage_filesystem=filesystem,
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            callbacks=list(callbacks),
             worker_runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cfg.scaling.torch_threads or 1)}},
         ),
         datasets={"train": dataset},
