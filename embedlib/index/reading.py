@@ -294,6 +294,7 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
                 batch_size=1,
                 batch_format="numpy",
                 num_cpus=READ_CPUS,
+                max_retries=cfg.max_task_retries,  # a read lost with its node is redone
                 fn_kwargs=dict(id_column=cfg.id_column or "_id", batch_rows=cfg.batch_rows, **kwargs),
             )
         else:
@@ -303,6 +304,7 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
                 batch_size=1,
                 batch_format="numpy",
                 num_cpus=READ_CPUS,
+                max_retries=cfg.max_task_retries,  # a read lost with its node is redone
                 fn_kwargs=dict(id_column=cfg.id_column or "id", batch_rows=cfg.batch_rows,
                                filesystem_url=cfg.input, **kwargs),
             )
