@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 
 import ray
+from ray.data.block import BlockAccessor
 
 from embedlib.errors import UserError
 
@@ -23,28 +24,41 @@ class PipelineStalledError(UserError, TimeoutError):
 
 
 def rows_or_stall(dataset: ray.data.Dataset, timeout_s: float, step: str) -> Iterator[dict]:
-    """``dataset``'s rows as they stream by; ``PipelineStalledError`` after ``timeout_s`` s without one."""
-    rows: queue.Queue = queue.Queue(maxsize=1024)
+    """``dataset``'s rows as they stream by; ``PipelineStalledError`` after ``timeout_s`` s without one.
+
+    The blocks are fetched by a helper thread, so that the wait for the next one can be bounded; on a stall
+    (or any early exit) the dataset's executor is shut down, so nothing of the run keeps running behind it.
+    """
+    # Ray Data hands the executor out only with its bundle iterator (no public way to stop a stream).
+    bundles, _, executor = dataset.iterator()._to_ref_bundle_iterator()
+    blocks: queue.Queue = queue.Queue(maxsize=64)
 
     def pump() -> None:
         try:
-            for row in dataset.iter_rows():
-                rows.put(row)
-            rows.put(_END)
+            for bundle in bundles:
+                for ref in bundle.block_refs:
+                    blocks.put(ray.get(ref))
+            blocks.put(_END)
         except BaseException as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
-            rows.put(err)
+            blocks.put(err)
 
     threading.Thread(target=pump, name=f"embedlib-{step}", daemon=True).start()
-    while True:
-        try:
-            item = rows.get(timeout=timeout_s)
-        except queue.Empty:
-            raise PipelineStalledError(
-                f"{step}: no batch finished for {timeout_s:g} s (stall_timeout_s); the pipeline is stalled "
-                "(a hung encoder, or no node left with the resources its actors need). Finished parts are "
-                "kept: rerun the job once the cluster is healthy") from None
-        if item is _END:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+    finished = False
+    try:
+        while True:
+            try:
+                item = blocks.get(timeout=timeout_s)
+            except queue.Empty:
+                raise PipelineStalledError(
+                    f"{step}: no batch finished for {timeout_s:g} s (stall_timeout_s); the pipeline is stalled "
+                    "(a hung encoder, or no node left with the resources its actors need). Finished parts are "
+                    "kept: rerun the job once the cluster is healthy") from None
+            if item is _END:
+                finished = True
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from BlockAccessor.for_block(item).to_arrow().to_pylist()
+    finally:
+        if not finished and executor is not None:
+            executor.shutdown(force=True)
