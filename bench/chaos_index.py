@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -47,6 +48,9 @@ KINDS = ("node", "actor", "s3", "driver")
 ENCODER = "EncodeActor"
 ENCODER_RESOURCE = "encoder"  # carried by the worker nodes only: encoders never run on the head
 NODE_REPLACED_AFTER_S = 2.0
+# Logical CPUs per node (Ray schedules by these, not by cores): the join of a resumed run runs shuffle tasks of a
+# whole CPU each (fixed by Ray Data), which must fit beside the encoder actors' fractions on some node.
+NODE_CPUS = 2
 
 
 def build_once(args: argparse.Namespace) -> None:
@@ -97,6 +101,10 @@ class Injector:
     def __init__(self, cluster, proxy: TcpProxy):
         self.cluster, self.proxy = cluster, proxy
 
+    def ready(self, fault: dict) -> bool:
+        """Actor and node faults wait until encoder actors run (a rerun may still be planning)."""
+        return fault["kind"] not in ("actor", "node") or bool(live_actors(ENCODER))
+
     def inject(self, fault: dict, driver: subprocess.Popen) -> str:
         rng = np.random.default_rng(fault["seed"])
         return getattr(self, fault["kind"])(rng, driver)
@@ -112,7 +120,8 @@ class Injector:
         had = sum(a["Address"]["NodeID"] == node.node_id for a in live_actors(ENCODER))
         self.cluster.remove_node(node)
         time.sleep(NODE_REPLACED_AFTER_S)
-        add_worker_node(self.cluster, f"node-r{int(time.time())}", resources={ENCODER_RESOURCE: 1})
+        add_worker_node(self.cluster, f"node-r{int(time.time())}", cpus=NODE_CPUS,
+                        resources={ENCODER_RESOURCE: 1})
         return f"removed a worker node running {had} encoder actor(s); a replacement joined"
 
     def actor(self, rng, driver) -> str:
@@ -155,7 +164,7 @@ def chaos_build(args, injector: Injector, faults: list[dict], build) -> dict:
             driver = build()
             continue
         elapsed = time.perf_counter() - started
-        if pending and elapsed >= pending[0]["at_s"]:
+        if pending and elapsed >= pending[0]["at_s"] and injector.ready(pending[0]):
             fault = pending.pop(0)
             what = injector.inject(fault, driver)
             injected.append(fault | {"injected_at_s": round(elapsed, 1), "what": what, "survived": True})
@@ -193,6 +202,7 @@ def main() -> None:
         return
 
     result = Result(args.name)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     import boto3
     import ray
     from moto.server import ThreadedMotoServer
@@ -213,7 +223,8 @@ def main() -> None:
     del texts
     log = work / "drivers.log"
 
-    with local_cluster(worker_resources={ENCODER_RESOURCE: 1}) as cluster:
+    with local_cluster(head_cpus=NODE_CPUS, worker_cpus=NODE_CPUS,
+                       worker_resources={ENCODER_RESOURCE: 1}) as cluster:
         ray.init(address=cluster.address, log_to_driver=False)
         env = dict(os.environ, RAY_ADDRESS=cluster.address, PYTHONPATH=str(ROOT))
 
@@ -241,7 +252,8 @@ def main() -> None:
     survived = sum(f["survived"] for f in chaos["injected"])
     figures = {
         "documents": args.docs, "seed": args.seed, "model": "tiny random BERT (real format, embedlib.models.tiny)",
-        "cluster": "head + 2 worker nodes (ray.cluster_utils.Cluster), encoders on worker nodes only",
+        "cluster": f"head + 2 worker nodes (ray.cluster_utils.Cluster), {NODE_CPUS} logical CPUs each, encoders "
+                   "on worker nodes only",
         "endpoint": "moto server behind a TcpProxy (S3 over HTTP)", "batch_rows": args.batch_rows,
         "max_actor_restarts": args.max_restarts, "max_task_retries": args.max_restarts,
         "faults": chaos["injected"], "faults_not_injected": chaos["not_injected"],

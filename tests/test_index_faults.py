@@ -1,8 +1,8 @@
 """The streaming build on a real 3-node Ray cluster under faults: a lost encoder node, a killed encoder actor,
 an S3 endpoint outage, and a pipeline that can no longer progress.
 
-Faults are injected at events of the build (finished parts on storage), not after fixed sleeps. The model is
-the real MiniLM: encoding lasts long enough to inject faults while it runs.
+Faults are injected at events of the build (finished parts on storage), not after fixed sleeps. Batches are
+small (many parts), so that encoding lasts long enough to inject faults while it runs.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ from embedlib.index.stall import PipelineStalledError
 
 ENCODER = "EncodeActor"
 DEADLINE_S = 120
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    return tiny_models["bert"]
 
 
 def staged_parts(output: str) -> int:
@@ -56,15 +61,15 @@ def build_in_thread(cfg) -> tuple[threading.Thread, dict, threading.Event]:
     return thread, result, done
 
 
-def test_build_survives_killed_actor_lost_node_and_s3_outage(multinode_cluster, s3_proxy, s3_bucket, minilm_path):
+def test_build_survives_killed_actor_lost_node_and_s3_outage(multinode_cluster, s3_proxy, s3_bucket, model):
     """One build, three faults while it encodes: an encoder actor's process is killed, the node running the
     encoders is removed (and a replacement joins), the S3 endpoint refuses connections for 3 s. The job
     finishes without a rerun, every id once, and the summary counts the documents encoded again."""
     rows = cranfield_rows(1400)
     storage.write_bytes_atomic(f"{s3_bucket}/corpus/part-0.jsonl", jsonl_bytes(rows))
     output = f"{s3_bucket}/index"
-    batches = len(rows) // 16
-    cfg = config(f"{s3_bucket}/corpus", output, minilm_path, batch_rows=16, actors=2, cpus_per_actor=0.25,
+    batches = len(rows) // 8
+    cfg = config(f"{s3_bucket}/corpus", output, model, batch_rows=8, actors=2, cpus_per_actor=0.25,
                  actor_resources={"node-1": 0.4}, max_actor_restarts=3, max_task_retries=3)
     restarts_before = actor_restarts(ENCODER)
     thread, result, done = build_in_thread(cfg)
@@ -93,14 +98,14 @@ def test_build_survives_killed_actor_lost_node_and_s3_outage(multinode_cluster, 
     assert f"{summary.redone} docs encoded again" in str(summary)
 
 
-def test_stalled_pipeline_fails_with_one_line_after_stall_timeout(multinode_cluster, tmp_path, minilm_path):
+def test_stalled_pipeline_fails_with_one_line_after_stall_timeout(multinode_cluster, tmp_path, model):
     """The only node the encoders may run on is lost and none replaces it: Ray Data would wait for the actors
     forever; the build fails after ``stall_timeout_s`` with one line that says what happened."""
     rows = cranfield_rows(1400)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(jsonl_bytes(rows))
     output = str(tmp_path / "index")
-    cfg = config(str(corpus), output, minilm_path, batch_rows=16, actors=1, cpus_per_actor=0.25,
+    cfg = config(str(corpus), output, model, batch_rows=8, actors=1, cpus_per_actor=0.25,
                  actor_resources={"node-0": 0.4}, stall_timeout_s=5)
     lost = {}
 
@@ -117,5 +122,6 @@ def test_stalled_pipeline_fails_with_one_line_after_stall_timeout(multinode_clus
     message = one_line(raised.value)
     assert message == str(raised.value) and "no batch finished for 5 s (stall_timeout_s)" in message
     assert not storage.exists(f"{output}/manifest.json")
+    add_worker_node(multinode_cluster, "node-0")  # the cluster as it was, for the module's next tests
 
 

@@ -27,20 +27,36 @@ def rows_or_stall(dataset: ray.data.Dataset, timeout_s: float, step: str) -> Ite
     """``dataset``'s rows as they stream by; ``PipelineStalledError`` after ``timeout_s`` s without one.
 
     The blocks are fetched by a helper thread, so that the wait for the next one can be bounded; on a stall
-    (or any early exit) the dataset's executor is shut down, so nothing of the run keeps running behind it.
+    (or any early exit) after the first output, the dataset's executor is shut down, so nothing of the run keeps
+    running behind it (a stall before the first output leaves it to the end of the driver).
     """
-    # Ray Data hands the executor out only with its bundle iterator (no public way to stop a stream).
-    bundles, _, executor = dataset.iterator()._to_ref_bundle_iterator()
     blocks: queue.Queue = queue.Queue(maxsize=64)
+    executors: list = []
+    stopped = threading.Event()
+
+    def hand_over(item) -> bool:
+        """Queue ``item`` for the consumer; False once it stopped listening."""
+        while not stopped.is_set():
+            try:
+                blocks.put(item, timeout=1.0)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def pump() -> None:
         try:
+            # Ray Data hands the executor out only with its bundle iterator (no public way to stop a stream),
+            # and only once the first output is there: so this waits in the helper thread too.
+            bundles, _, executor = dataset.iterator()._to_ref_bundle_iterator()
+            executors.append(executor)
             for bundle in bundles:
                 for ref in bundle.block_refs:
-                    blocks.put(ray.get(ref))
-            blocks.put(_END)
+                    if not hand_over(ray.get(ref)):
+                        return
+            hand_over(_END)
         except BaseException as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
-            blocks.put(err)
+            hand_over(err)
 
     threading.Thread(target=pump, name=f"embedlib-{step}", daemon=True).start()
     finished = False
@@ -60,5 +76,7 @@ def rows_or_stall(dataset: ray.data.Dataset, timeout_s: float, step: str) -> Ite
                 raise item
             yield from BlockAccessor.for_block(item).to_arrow().to_pylist()
     finally:
-        if not finished and executor is not None:
-            executor.shutdown(force=True)
+        stopped.set()
+        for executor in executors if not finished else ():
+            if executor is not None:
+                executor.shutdown(force=True)
