@@ -6,8 +6,10 @@ Each input row comes out once, in a parquet part under the run's staging folder 
 - the rest: encoded by the method's encoder in the actors (one model per actor), ``encoded`` set.
 
 Parts are written atomically, each by the task that made it, so a killed run leaves only whole parts; the next
-run over the same input anti-joins them away by ``(source, line)`` and encodes only what is left. The driver
-sees per-part counts only.
+run over the same input anti-joins them away by ``(source, line)`` and encodes only what is left. A part is named
+by its rows (``part_name``), so a batch retried after its actor or node was lost rewrites its own part; every
+encoding attempt leaves a claim (``claim``), from which the build counts the documents encoded more than once.
+The driver sees per-part counts only.
 """
 
 from __future__ import annotations
