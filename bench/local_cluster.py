@@ -54,3 +54,19 @@ def local_cluster(**kwargs) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+def live_actors(class_name_part: str) -> list[dict]:
+    """Alive actors of the connected cluster whose class name contains ``class_name_part``, from the GCS actor
+    table: ``ActorID``, ``Pid``, ``NumRestarts``, ``Address["NodeID"]``, ... (e.g. Ray Data's pool actors:
+    ``MapWorker(MapBatches(EncodeActor))``)."""
+    from ray._private.state import actors
+
+    return [a for a in actors().values() if a["State"] == "ALIVE" and class_name_part in a["ActorClassName"]]
+
+
+def actor_restarts(class_name_part: str) -> int:
+    """Restarts of the cluster's actors (alive or not) whose class name contains ``class_name_part``."""
+    from ray._private.state import actors
+
+    return sum(a["NumRestarts"] for a in actors().values() if class_name_part in a["ActorClassName"])

@@ -31,6 +31,11 @@ SECRET_QUERY_KEYS = frozenset({
 })
 SECRET_QUERY_SUFFIXES = ("signature", "credential", "token", "secret", "password")
 MIN_SECRET_CHARS = 3  # shorter credentials are not masked inside other text (they would garble it)
+# S3 requests that fail on a connection error, a timeout, throttling or a 5xx are retried by botocore with
+# exponential backoff and jitter ("standard" mode; up to 20 s between tries, about a minute in all): an endpoint
+# that goes away for a few seconds costs a pause, not the job. ``AWS_MAX_ATTEMPTS``/``AWS_RETRY_MODE`` override.
+S3_RETRIES = {"mode": "standard", "max_attempts": 10}
+S3_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60}
 
 
 def redact_url(url: str | os.PathLike) -> str:
@@ -102,11 +107,22 @@ def filesystem(url: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path inside it.
 
     Object-store listings are never cached: Ray workers and the driver are long-lived, and a cached listing
-    of a folder other processes write to (staging parts, versions) would hide their files.
+    of a folder other processes write to (staging parts, versions) would hide their files. S3 requests are
+    retried with backoff (``s3_options``).
     """
     if is_local(url):
         return url_to_fs(str(url))
-    return url_to_fs(str(url), use_listings_cache=False)
+    return url_to_fs(str(url), use_listings_cache=False, **s3_options(url))
+
+
+def s3_options(url: str | os.PathLike) -> dict:
+    """s3fs options for ``url``: botocore's retries and timeouts (``S3_RETRIES``); none for other protocols."""
+    if not str(url).startswith(("s3://", "s3a://")):
+        return {}
+    config = dict(S3_TIMEOUTS)
+    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
+        config["retries"] = S3_RETRIES
+    return {"config_kwargs": config}
 
 
 def join(url: str | os.PathLike, *parts: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
-sys.path.insert(0, str(ROOT / "bench"))  # local_cluster: the multi-node helper shared with the benches
+sys.path.insert(0, str(ROOT / "bench"))  # local_cluster, tcp_proxy: helpers shared with the benches
 
 
 def _free_port() -> int:
@@ -47,17 +47,28 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint():
-    """A real S3 endpoint over HTTP on loopback (moto's server mode), with credentials in the environment.
-
-    Started once per session and before Ray, so Ray workers inherit the endpoint and credentials.
-    """
+def s3_proxy():
+    """A real S3 endpoint over HTTP on loopback (moto's server mode) behind a ``TcpProxy`` that a test can
+    switch off and on (an endpoint outage; moto itself would lose its buckets on a restart)."""
     from moto.server import ThreadedMotoServer
+    from tcp_proxy import TcpProxy
 
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    proxy = TcpProxy("127.0.0.1", port)
+    yield proxy
+    proxy.down()
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_proxy):
+    """The S3 endpoint (``s3_proxy``'s URL), with credentials in the environment.
+
+    Started once per session and before Ray, so Ray workers inherit the endpoint and credentials.
+    """
+    endpoint = s3_proxy.url
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                              "AWS_DEFAULT_REGION")}
     os.environ.update(
@@ -67,7 +78,6 @@ def s3_endpoint():
         AWS_DEFAULT_REGION="us-east-1",
     )
     yield endpoint
-    server.stop()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

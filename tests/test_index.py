@@ -169,49 +169,39 @@ def test_incremental_run_reencodes_only_changed_docs(ray_cluster, tmp_path, mode
     assert sorted(p.name for p in (tmp_path / "index").glob("v0*")) == ["v000001", "v000002"]
 
 
-def test_killed_run_resumes_without_reencoding_finished_parts(ray_cluster, tmp_path, model):
+@pytest.mark.parametrize("kill_at", ["encode:0.3", "encode:0.7", "publish"])
+def test_killed_driver_reruns_resume_and_publish_once(ray_cluster, tmp_path, model, kill_at):
+    """The driver is killed at 30% or 70% of encoding, or between the version's manifest and the root's:
+    the rerun encodes only what no finished part holds and publishes version 1, once."""
     import ray
 
     rows = cranfield_rows(400)
     corpus = write_jsonl(tmp_path / "corpus.jsonl", rows)
     output = tmp_path / "index"
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
-    job = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "jobs" / "index.py"),
-            "--input",
-            corpus,
-            "--output",
-            str(output),
-            "--model",
-            str(model),
-            "--no-progress",
-            "--config",
-            str(write_yaml(tmp_path, batch_rows=8)),
-        ],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=open(tmp_path / "job.log", "w"),
-        stderr=subprocess.STDOUT,
+    job = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "driver_killed_at.py"), kill_at, str(len(rows)), "--",
+         "--input", corpus, "--output", str(output), "--model", str(model), "--no-progress",
+         "--config", str(write_yaml(tmp_path, batch_rows=8))],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
+    assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
+    assert not (output / "manifest.json").exists()
     staging = output / "_staging"
-    deadline = time.time() + 400
-    while time.time() < deadline and job.poll() is None and len(list(staging.rglob("*.parquet"))) < 2:
-        time.sleep(0.1)
-    assert job.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
-    assert not (output / "manifest.json").exists(), "the job finished before it could be killed"
     finished = settled_rows(staging)
-    assert 0 < finished < len(rows)
+    fraction = 1.0 if kill_at == "publish" else float(kill_at.split(":")[1])
+    assert fraction * len(rows) <= finished <= len(rows)
 
     summary = build_index(config(corpus, str(output), model, batch_rows=8))
-    assert summary.carried_over == finished
-    assert summary.embedded == len(rows) - finished
+    assert (summary.published, summary.version) == (True, 1)
+    assert summary.carried_over == finished and summary.embedded == len(rows) - finished
     assert sorted(all_ids(str(output))) == sorted(r["_id"] for r in rows)
+    assert sorted(p.name for p in output.glob("v0*")) == ["v000001"]
     assert not staging.exists() or not list(staging.rglob("*.parquet"))
+    if kill_at == "publish":  # the killed run had written the whole version: nothing is built again
+        assert summary.redone == 0
+    again = build_index(config(corpus, str(output), model, batch_rows=8))
+    assert (again.published, again.version) == (False, 1)
 
 
 def settled_rows(staging: Path, quiet_seconds: float = 3.0) -> int:

@@ -25,6 +25,7 @@ from embedlib.index import manifest as manifests
 from embedlib.index.columns import column_matrix, hash_bytes
 from embedlib.index.parts import rejects_jsonl
 from embedlib.index.plan import MAX_PARTITIONS, BuildPlan, read_parquet
+from embedlib.index.stall import rows_or_stall
 
 
 def training_sample(run: BuildPlan, rows: int) -> np.ndarray | None:
@@ -70,6 +71,22 @@ def shard_table(rows: pa.Table, chunked: bool, stored: list[str]) -> pa.Table:
     return pa.table(columns)
 
 
+def drop_copies(rows: pa.Table) -> tuple[pa.Table, int]:
+    """``rows`` with one row per ``(source, line, chunk)``, and the documents dropped: the same input row written
+    twice (a killed run's part that landed after its rerun had encoded the row again). Not a duplicate id."""
+    keys = rows.select(["source", "line", "chunk"]).append_column("row", pa.array(np.arange(rows.num_rows)))
+    firsts = keys.group_by(["source", "line", "chunk"], use_threads=False).aggregate([("row", "min")])
+    if firsts.num_rows == rows.num_rows:
+        return rows, 0
+    kept = rows.take(firsts.column("row_min"))
+    return kept, documents(rows) - documents(kept)
+
+
+def documents(rows: pa.Table) -> int:
+    """Documents among index rows (each has one ``chunk == 0`` row)."""
+    return pc.sum(pc.equal(rows.column("chunk"), 0)).as_py() or 0
+
+
 def duplicate_ids(rows: pa.Table) -> set[str]:
     """Ids that more than one input row carries (each row of a document has one ``chunk == 0`` row)."""
     firsts = rows.filter(pc.equal(rows.column("chunk"), 0)).column("doc_id")
@@ -84,8 +101,9 @@ def write_shard(group: pa.Table, run: BuildPlan, manifest: dict, template: bytes
     """
     number = int(group.column("shard")[0].as_py())
     name = f"shard-{number:05d}"
-    duplicated = duplicate_ids(group)
     counts = Counter()
+    group, counts["copies"] = drop_copies(group)
+    duplicated = duplicate_ids(group)
     if duplicated:
         is_duplicate = pc.is_in(group.column("doc_id"), pa.array(sorted(duplicated)))
         firsts = group.filter(pc.and_(is_duplicate, pc.equal(group.column("chunk"), 0)))
@@ -110,8 +128,7 @@ def write_shard(group: pa.Table, run: BuildPlan, manifest: dict, template: bytes
     return pa.table({"entry": [json.dumps(entry)], "counts": [json.dumps(counts)]})
 
 
-def assemble(run: BuildPlan, manifest: dict, docs: int, template: bytes | None, show_progress: bool
-             ) -> tuple[list[dict], Counter]:
+def assemble(run: BuildPlan, manifest: dict, docs: int, template: bytes | None) -> tuple[list[dict], Counter]:
     """Staging parts -> shards, one Ray task per shard; returns the manifest entries and the counts."""
     shards = max(1, math.ceil(docs / run.cfg.shard_size))
     valid = read_parquet(run.parts).filter(expr=col("reason") == "")
@@ -121,7 +138,8 @@ def assemble(run: BuildPlan, manifest: dict, docs: int, template: bytes | None, 
         fn_kwargs=dict(run=run, manifest=manifest, template=template),
     )
     entries, counts = [], Counter()
-    for row in tqdm(written.iter_rows(), total=shards, desc="write shards", disable=not show_progress):
+    rows = rows_or_stall(written, run.cfg.stall_timeout_s, "write shards")
+    for row in tqdm(rows, total=shards, desc="write shards", disable=not run.cfg.show_progress):
         entries.append(json.loads(row["entry"]))
         counts.update(json.loads(row["counts"]))
     return sorted(entries, key=lambda e: e["name"]), counts

@@ -34,7 +34,7 @@ from embedlib.index.assemble import assemble, training_sample
 from embedlib.index.config import IndexJobConfig, IndexSummary
 from embedlib.index.encode_stage import encode_to_parts
 from embedlib.index.lease import PublishLease, held_lease
-from embedlib.index.parts import EncodeSettings, part_counts
+from embedlib.index.parts import EncodeSettings, claimed_docs, part_counts
 from embedlib.index.plan import (
     BuildPlan,
     check_locations,
@@ -45,6 +45,7 @@ from embedlib.index.plan import (
     shuffle_partitions,
 )
 from embedlib.index.reading import InputError, read_rows
+from embedlib.index.stall import rows_or_stall
 
 SHUFFLE_ACTOR_CPUS = 0.05
 MIN_KEPT_FRACTION = 0.5  # a new version with fewer of the current version's documents needs ``allow_shrink``
@@ -78,6 +79,10 @@ def configure_ray_data(cfg: IndexJobConfig) -> None:
         logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     context.hash_shuffle_operator_actor_num_cpus_override = SHUFFLE_ACTOR_CPUS
     context.hash_aggregate_operator_actor_num_cpus_override = SHUFFLE_ACTOR_CPUS
+    # Lost actors and nodes are retried (``encode_to_parts``); an error raised by our own code is not, and one
+    # failed block fails the run (never a published index with a block missing).
+    context.actor_task_retry_on_errors = False
+    context.max_errored_blocks = 0
 
 
 def encode(run: BuildPlan) -> tuple[Counter, float]:
@@ -93,14 +98,16 @@ def encode(run: BuildPlan) -> tuple[Counter, float]:
                          right_on=("doc_id", "content_hash"))
     settings = EncodeSettings(run.method.name, run.model, run.cfg,
                               run.method.vector_type(run.cfg, run.identity), run.attempt)
-    counts = sum_counts(encode_to_parts(rows, settings, run.parts, run.staged_rejects))
+    parts = encode_to_parts(rows, settings, run.parts, run.staged_rejects, run.claims)
+    counts = sum_counts(parts, run.cfg.stall_timeout_s, "encode")
     return counts, time.perf_counter() - started
 
 
-def sum_counts(dataset: ray.data.Dataset) -> Counter:
-    """The sum of a dataset's ``counts`` column (one JSON counter per batch), added up as it streams by."""
+def sum_counts(dataset: ray.data.Dataset, stall_timeout_s: float, step: str) -> Counter:
+    """The sum of a dataset's ``counts`` column (one JSON counter per batch), added up as it streams by;
+    ``PipelineStalledError`` when no batch comes for ``stall_timeout_s``."""
     counts: Counter = Counter()
-    for row in dataset.iter_rows():
+    for row in rows_or_stall(dataset, stall_timeout_s, step):
         counts.update(json.loads(row["counts"]))
     return counts
 
@@ -109,7 +116,23 @@ def tally_parts(run: BuildPlan) -> Counter:
     """Counts over every staging part of this input (this run's and a killed run's alike)."""
     parts = read_parquet(run.parts, ["reason", "chunk", "encoded"])
     return sum_counts(parts.map_batches(lambda b: {"counts": [json.dumps(part_counts(b))]},
-                                        batch_format="pyarrow", batch_size=None))
+                                        batch_format="pyarrow", batch_size=None),
+                      run.cfg.stall_timeout_s, "count staging parts")
+
+
+@ray.remote(num_cpus=0.1)
+def count_claims(folder: str) -> int:
+    """``claimed_docs`` in a worker: the claims' listing (one name per encoded batch) stays out of the driver."""
+    return claimed_docs(folder)
+
+
+def redone_docs(run: BuildPlan, totals: Counter, shard_counts: Counter) -> int:
+    """Documents encoded more than once: those claimed by every attempt (retries and killed runs included),
+    less those encoded into the parts; a resumed run's totals count both copies of a row that a killed run and
+    its rerun wrote, so the copies are added back."""
+    claimed = ray.get(count_claims.remote(run.claims))
+    copies = shard_counts["copies"] if run.resumed else 0
+    return max(0, claimed - totals["encoded"]) + copies
 
 
 def move_rejects(run: BuildPlan) -> None:
@@ -167,10 +190,30 @@ def publish(run: BuildPlan, manifest: dict, lease: PublishLease) -> None:
     manifest["created_at"] = datetime.now(UTC).isoformat()
     lease.renew()  # LeaseLostError if another build took the index over: it may be publishing now
     manifests.publish(run.out, manifest)
+    remove_staging(run)
+    manifests.prune_versions(run.out, run.cfg.keep_versions, run.cfg.keep_recent_hours * 3600)
+
+
+def remove_staging(run: BuildPlan) -> None:
     fs, staging = storage.filesystem(run.staging)
     if fs.exists(staging):
         fs.rm(staging, recursive=True)
-    manifests.prune_versions(run.out, run.cfg.keep_versions, run.cfg.keep_recent_hours * 3600)
+
+
+def unpublished_version(run: BuildPlan) -> dict | None:
+    """The manifest of a version that a run killed while publishing had written (same input, encoding and
+    settings) but not made current: the rerun publishes it instead of building it again."""
+    newest = run.published["version"] if run.published else 0
+    for version in sorted(manifests.version_folders(run.out), reverse=True):
+        folder = storage.join(run.out, manifests.version_name(version))
+        if version <= newest:
+            break
+        if storage.exists(storage.join(folder, manifests.MANIFEST)):
+            manifest = manifests.read_manifest(folder)
+            if manifest.get("build_fingerprint") == run.fingerprint:
+                manifest.pop("base")
+                return manifest
+    return None
 
 
 def check_documents(run: BuildPlan, docs: int, rejected: dict[str, int]) -> None:
@@ -182,8 +225,13 @@ def check_documents(run: BuildPlan, docs: int, rejected: dict[str, int]) -> None
 
 def check_nothing_lost(run: BuildPlan, totals: Counter, shard_counts: Counter) -> None:
     """Every valid document the encode step wrote is in a shard or rejected as a duplicate id; else storage
-    lost staging parts in between (an object store restarted empty, a lifecycle rule, a manual delete)."""
-    assembled = shard_counts["docs"] + shard_counts["rejected:duplicate id"]
+    lost staging parts in between (an object store restarted empty, a lifecycle rule, a manual delete).
+
+    A resumed run's totals count every part, so also the copies of a row that a killed run and its rerun
+    both wrote; a single run's totals count each row once (a retried batch rewrites its own part).
+    """
+    copies = shard_counts["copies"] if run.resumed else 0
+    assembled = shard_counts["docs"] + shard_counts["rejected:duplicate id"] + copies
     if assembled != totals["docs"]:
         raise StorageLostDataError(
             f"{storage.redact_url(run.parts)}: the encode step wrote {totals['docs']} valid documents there, but "
@@ -218,7 +266,7 @@ def assemble_version(run: BuildPlan, totals: Counter) -> tuple[dict, Counter]:
     params = run.method.index_params(run.cfg, sample, totals["rows"], run.dim)
     template = run.method.template(run.cfg, params, run.dim, sample)
     manifest = version_manifest(run, params)
-    shards, shard_counts = assemble(run, manifest, totals["docs"], template, run.cfg.show_progress)
+    shards, shard_counts = assemble(run, manifest, totals["docs"], template)
     check_nothing_lost(run, totals, shard_counts)
     rejected = reject_counts(totals + shard_counts)
     check_rejects(run, rejected)
@@ -232,6 +280,7 @@ def assemble_version(run: BuildPlan, totals: Counter) -> tuple[dict, Counter]:
         "rejects_by_reason": rejected,
         "embedded": shard_counts["embedded"],
         "carried_over": shard_counts["docs"] - shard_counts["embedded"],
+        "redone": redone_docs(run, totals, shard_counts),
     }
     manifest.update(shards=shards, counts=counts, rejects="rejects" if rejected else None)
     return manifest, shard_counts
@@ -246,8 +295,12 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         ensure_ray()
         configure_ray_data(cfg)
         run = plan(cfg, files, after_version=lease.avoid_version)
-        if run.unchanged:
-            return unchanged_summary(run, time.perf_counter() - started)
+        if run.unchanged:  # a run killed after publishing may have left the staging folder
+            remove_staging(run)
+            return manifest_summary(run, run.published, time.perf_counter() - started, published=False)
+        if finished := unpublished_version(run):
+            publish(run, finished, lease)
+            return manifest_summary(run, finished, time.perf_counter() - started, published=True)
         lease.record_version(run.version)
         totals, encode_seconds = encode(run)
         if run.resumed:  # the counts must include the parts a killed run wrote
@@ -270,16 +323,18 @@ def build_index(config: IndexJobConfig) -> IndexSummary:
         seconds=time.perf_counter() - started,
         encode_seconds=encode_seconds,
         truncated=shard_counts["truncated"],
+        redone=counts["redone"],
     )
 
 
-def unchanged_summary(run: BuildPlan, seconds: float) -> IndexSummary:
-    """The summary of a run that publishes nothing: the published version already is this input's index."""
-    counts = run.published["counts"]
+def manifest_summary(run: BuildPlan, manifest: dict, seconds: float, published: bool) -> IndexSummary:
+    """The summary of a run that encoded nothing: the version in ``manifest`` already indexes this input
+    (``published``: this run made it current, as a run killed while publishing could not)."""
+    counts = manifest["counts"]
     return IndexSummary(
-        url=storage.redact_url(run.out), version=run.published["version"], docs_in=counts["docs_in"],
+        url=storage.redact_url(run.out), version=manifest["version"], docs_in=counts["docs_in"],
         embedded=0, carried_over=counts["docs"], rejected=counts["rejected"],
-        rejects_by_reason=counts["rejects_by_reason"], rejects_url=None, shards=len(run.published["shards"]),
-        rows=counts["rows"], bytes_per_doc=sum(s["bytes"] for s in run.published["shards"]) / max(1, counts["docs"]),
-        seconds=seconds, encode_seconds=0.0, published=False,
+        rejects_by_reason=counts["rejects_by_reason"], rejects_url=None, shards=len(manifest["shards"]),
+        rows=counts["rows"], bytes_per_doc=sum(s["bytes"] for s in manifest["shards"]) / max(1, counts["docs"]),
+        seconds=seconds, encode_seconds=0.0, published=published,
     )

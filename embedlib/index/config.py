@@ -16,7 +16,8 @@ INPUT_FORMATS = ("auto", "jsonl", "parquet")
 # model's weights hash instead): a rerun that differs only in these is the same index.
 RUN_ONLY_FIELDS = ("input", "output", "model", "strict", "actors", "cpus_per_actor", "gpus_per_actor",
                    "torch_threads", "device", "dtype", "batch_rows", "max_tokens_per_batch", "keep_versions",
-                   "keep_recent_hours", "allow_shrink", "show_progress", "lease_seconds", "lease_wait_seconds")
+                   "keep_recent_hours", "allow_shrink", "show_progress", "lease_seconds", "lease_wait_seconds",
+                   "max_actor_restarts", "max_task_retries", "stall_timeout_s")
 
 
 @dataclass
@@ -47,11 +48,16 @@ class IndexJobConfig:
     actors: int = 1
     cpus_per_actor: float = 0.5
     gpus_per_actor: float = 0.0
+    actor_resources: dict | None = None  # custom Ray resources each encoder actor needs (to pin it to a node type)
     torch_threads: int | None = None  # None: all cores of the node divided by ``actors``
     device: str | None = None
     dtype: str | None = None
     batch_rows: int = 1024  # rows per Ray Data batch handed to an encoder actor
     max_tokens_per_batch: int = 16_384
+    # Fault tolerance (set explicitly, not Ray's defaults: Ray Data restarts pool actors forever).
+    max_actor_restarts: int = 4  # an encoder actor lost with its node or process is restarted this often
+    max_task_retries: int = 4  # a batch (or read task) lost with its actor or node is retried this often
+    stall_timeout_s: float = 600.0  # no encoder batch or shard finished for this long: fail (PipelineStalledError)
     # FAISS parameters (defaults scale with the corpus size when None).
     nlist: int | None = None
     nprobe: int = 32
@@ -130,6 +136,17 @@ class IndexJobConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"{name}: must be a number >= {least}, got {value!r}")
+        for name in ("max_actor_restarts", "max_task_retries"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name}: must be an integer >= 0, got {value!r}")
+        if not isinstance(self.stall_timeout_s, int | float) or isinstance(self.stall_timeout_s, bool) \
+                or self.stall_timeout_s <= 0:
+            raise ConfigError(f"stall_timeout_s: must be a number of seconds > 0, got {self.stall_timeout_s!r}")
+        if self.actor_resources is not None and not all(
+                isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+                for k, v in self.actor_resources.items()):
+            raise ConfigError(f"actor_resources: must map resource names to amounts > 0, got {self.actor_resources!r}")
         if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
             raise ConfigError("cpus_per_actor/gpus_per_actor: must be >= 0")
         if not self.text_column:
@@ -155,6 +172,9 @@ class IndexSummary:
     seconds: float
     encode_seconds: float
     truncated: int = 0
+    # Documents encoded more than once: their batch was retried after its actor or node was lost, or a killed
+    # run had encoded them without writing its part. Each is in the index once.
+    redone: int = 0
     published: bool = True  # False: the published version already indexes this input in this way
 
     @property
@@ -170,5 +190,6 @@ class IndexSummary:
             f"index {self.url} version {self.version}: {self.docs_in} docs in, {self.embedded} embedded, "
             f"{self.carried_over} carried over, {self.rejected} rejected ({reasons}), {self.shards} shards, "
             f"{self.rows} rows, {self.bytes_per_doc:.1f} bytes/doc, {self.docs_per_second:.1f} docs/s "
-            f"({self.seconds:.1f} s), {self.truncated} texts truncated to the model's max length"
+            f"({self.seconds:.1f} s), {self.truncated} texts truncated to the model's max length, "
+            f"{self.redone} docs encoded again after a lost actor, node or run"
         )

@@ -6,8 +6,10 @@ Each input row comes out once, in a parquet part under the run's staging folder 
 - the rest: encoded by the method's encoder in the actors (one model per actor), ``encoded`` set.
 
 Parts are written atomically, each by the task that made it, so a killed run leaves only whole parts; the next
-run over the same input anti-joins them away by ``(source, line)`` and encodes only what is left. The driver
-sees per-part counts only.
+run over the same input anti-joins them away by ``(source, line)`` and encodes only what is left. A part is named
+by its rows (``part_name``), so a batch retried after its actor or node was lost rewrites its own part; every
+encoding attempt leaves a claim (``claim``), from which the build counts the documents encoded more than once.
+The driver sees per-part counts only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ import ray
 from embedlib.encoding.formats import embedded_text
 from embedlib.index.config import IndexJobConfig
 from embedlib.index.methods import index_method
-from embedlib.index.parts import SPAN_TYPES, EncodeSettings, part_rows, part_schema, rows_meta, write_part
+from embedlib.index.parts import (
+    SPAN_TYPES,
+    EncodeSettings,
+    claim,
+    part_name,
+    part_rows,
+    part_schema,
+    rows_meta,
+    write_part,
+)
 
 
 class EncodeActor:
@@ -37,6 +48,7 @@ class EncodeActor:
         settings: EncodeSettings,
         folder: str,
         rejects_folder: str,
+        claims_folder: str,
         torch_threads: int | None,
         device: str | None,
         dtype: str | None,
@@ -49,13 +61,14 @@ class EncodeActor:
         self.method = index_method(settings.method)
         self.encoder = self.method.load_encoder(settings.model, settings.cfg, device, dtype)
         self.schema = part_schema(settings.types)
-        self.folder, self.rejects_folder = folder, rejects_folder
+        self.folder, self.rejects_folder, self.claims_folder = folder, rejects_folder, claims_folder
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Rows of one batch -> one staging part; returns the part's counts (one row)."""
-        return write_part(self.part(batch), self.folder, self.rejects_folder, self.settings.attempt)
+        name = part_name(batch)
+        return write_part(self.part(batch, name), self.folder, self.rejects_folder, name)
 
-    def part(self, batch: pa.Table) -> pa.Table:
+    def part(self, batch: pa.Table, name: str) -> pa.Table:
         valid = pc.equal(batch.column("reason"), "").to_numpy(zero_copy_only=False)
         if "vector" in batch.column_names:
             has_vector = pc.is_valid(batch.column("vector")).to_numpy(zero_copy_only=False)
@@ -74,6 +87,7 @@ class EncodeActor:
             parts.append(part_rows(self.schema, rows_meta(batch, carried), spans, stored, False, attempt))
         todo = np.flatnonzero(valid & ~has_vector)
         if todo.size:
+            claim(self.claims_folder, name, todo.size)
             picked = batch.take(pa.array(todo, pa.int64()))
             titles, bodies = picked.column("title").to_pylist(), picked.column("text").to_pylist()
             texts = [embedded_text(title or "", text) for title, text in zip(titles, bodies, strict=True)]
@@ -98,9 +112,15 @@ def default_torch_threads(cfg: IndexJobConfig) -> int:
 
 
 def encode_to_parts(
-    rows: ray.data.Dataset, settings: EncodeSettings, folder: str, rejects_folder: str
+    rows: ray.data.Dataset, settings: EncodeSettings, folder: str, rejects_folder: str, claims_folder: str
 ) -> ray.data.Dataset:
-    """Rows -> encoder actor pool -> staging parts under ``folder``; the result holds per-part counts."""
+    """Rows -> encoder actor pool -> staging parts under ``folder``; the result holds per-part counts.
+
+    Fault tolerance is set here, not left to Ray Data's defaults (actors restarted forever, so a pool whose
+    actors cannot come back waits forever): an actor lost with its process or node is restarted up to
+    ``max_actor_restarts`` times, and its batches are retried up to ``max_task_retries`` times; an error raised
+    by the encoder itself is not retried (a bug or a bad model fails once, not five times).
+    """
     cfg = settings.cfg
     return rows.map_batches(
         EncodeActor,
@@ -109,10 +129,14 @@ def encode_to_parts(
         compute=ray.data.ActorPoolStrategy(size=cfg.actors, max_tasks_in_flight_per_actor=2),
         num_cpus=cfg.cpus_per_actor,
         num_gpus=cfg.gpus_per_actor,
+        resources=cfg.actor_resources,
+        max_restarts=cfg.max_actor_restarts,
+        max_task_retries=cfg.max_task_retries,
         fn_constructor_kwargs=dict(
             settings=settings,
             folder=folder,
             rejects_folder=rejects_folder,
+            claims_folder=claims_folder,
             torch_threads=None if cfg.gpus_per_actor else default_torch_threads(cfg),
             device=cfg.device,
             dtype=cfg.dtype,

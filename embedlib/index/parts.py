@@ -5,6 +5,7 @@ Torch-free: imported by the Ray tasks that write, count and assemble parts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections import Counter
@@ -69,10 +70,34 @@ def part_rows(schema: pa.Schema, meta: dict, spans: dict, stored: dict, encoded:
     return pa.table(columns, schema=schema)
 
 
-def write_part(batch: pa.Table, folder: str, rejects_folder: str, prefix: str) -> pa.Table:
+def part_name(batch: pa.Table) -> str:
+    """A name that only the same input rows get (a digest of their ``source, line``): a batch retried after its
+    actor or node was lost writes the same part again instead of a second copy."""
+    keys = zip(batch.column("source").to_pylist(), batch.column("line").to_pylist(), strict=True)
+    digest = hashlib.sha256("\n".join(f"{source}\t{line}" for source, line in keys).encode())
+    return f"part-{digest.hexdigest()[:24]}"
+
+
+def claim(folder: str, name: str, docs: int) -> None:
+    """Record that an attempt starts encoding ``docs`` documents of part ``name`` (an empty object whose name
+    says so): claims that outnumber the encoded documents count the work a lost actor, node or run had to
+    have redone (``redone_docs``)."""
+    fs, path = storage.filesystem(storage.join(folder, f"{name}.{docs}.{uuid.uuid4().hex[:12]}"))
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(path, b"")  # one PUT of an empty object: atomic
+
+
+def claimed_docs(folder: str) -> int:
+    """Documents claimed by every encoding attempt under a staging folder's claims (see ``claim``)."""
+    fs, path = storage.filesystem(folder)
+    if not fs.exists(path):
+        return 0
+    return sum(int(name.rsplit("/", 1)[-1].split(".")[1]) for name in fs.ls(path, detail=False))
+
+
+def write_part(batch: pa.Table, folder: str, rejects_folder: str, name: str) -> pa.Table:
     """Write one staging part atomically, and its rejects as jsonl beside it; returns its counts (one row)."""
     if batch.num_rows:
-        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
         rejected = batch.filter(pc.not_equal(batch.column("reason"), ""))
         if rejected.num_rows:  # written first: a part on storage always has its rejects there too
             storage.write_bytes_atomic(storage.join(rejects_folder, f"{name}.jsonl"), rejects_jsonl(rejected))

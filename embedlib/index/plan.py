@@ -87,6 +87,10 @@ class BuildPlan:
         return storage.join(self.staging, "parts")
 
     @property
+    def claims(self) -> str:
+        return storage.join(self.staging, "claims")
+
+    @property
     def staged_rejects(self) -> str:
         return storage.join(self.staging, "rejects")
 

@@ -295,6 +295,7 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
                 batch_size=1,
                 batch_format="numpy",
                 num_cpus=READ_CPUS,
+                max_retries=cfg.max_task_retries,  # a read lost with its node is redone
                 fn_kwargs=dict(rows=row_format("_id")),
             )
         else:
@@ -304,6 +305,7 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
                 batch_size=1,
                 batch_format="numpy",
                 num_cpus=READ_CPUS,
+                max_retries=cfg.max_task_retries,  # a read lost with its node is redone
                 fn_kwargs=dict(rows=row_format("id"), filesystem_url=cfg.input),
             )
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
