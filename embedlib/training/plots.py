@@ -38,6 +38,13 @@ def loss_curves_png(curves: dict[str, Sequence[dict]], ylabel: str = "training l
         ax.plot([r["step"] for r in history], [r["loss"] for r in history], label=name)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
+    return finished_png(fig, ax)
+
+
+def finished_png(fig, ax) -> bytes:
+    """Legend, grid, tight layout: the figure as PNG bytes (and closed)."""
+    import matplotlib.pyplot as plt
+
     ax.legend()
     ax.grid(alpha=0.3)
     buffer = io.BytesIO()
@@ -62,10 +69,4 @@ def merge_curve_png(curve: Sequence[dict], chosen: float, ylabel: str = "dev sco
     ax.axvline(chosen, color="grey", linestyle="--", label=f"chosen t={chosen:g}")
     ax.set_xlabel("t (0: first checkpoint, 1: second)")
     ax.set_ylabel(ylabel)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return buffer.getvalue()
+    return finished_png(fig, ax)
