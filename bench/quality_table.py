@@ -54,10 +54,10 @@ MERGE_CONFIG = ROOT / "jobs" / "configs" / "minilm-general-merge.yaml"
 QUANTIZATIONS = ("float", "int8", "binary")
 RECOMMENDED = "multi-merged"
 ROWS = ("base", "multi", "multi-merged", "single", "multi-nobinary", "multi-nobinary-merged")
-# Trained rows: overrides of the recommended config.
+# Trained rows: overrides of the recommended config ("sources": the names of its sources kept).
 RECIPES = {
     "multi": {},
-    "single": {"data.sources": "scifact-only"},
+    "single": {"sources": ["scifact"]},
     "multi-nobinary": {"binary_weight": 0.0},
 }
 ABLATIONS = [
@@ -99,12 +99,11 @@ def recipe_config(row: str, work: Path, args):
     }
     if args.steps:
         overrides["max_steps"] = args.steps
-    for key, value in RECIPES[row].items():
-        if value != "scifact-only":
-            overrides[key] = value
-    cfg = load_config(str(CONFIG), overrides)
-    if RECIPES[row].get("data.sources") == "scifact-only":
-        cfg.data.sources = [s for s in cfg.data.sources if s.name == "scifact"]
+    recipe = dict(RECIPES[row])
+    kept = recipe.pop("sources", None)
+    cfg = load_config(str(CONFIG), overrides | recipe)
+    if kept:
+        cfg.data.sources = [s for s in cfg.data.sources if s.name in kept]
     cfg.model = resolve_model(cfg.model)
     return cfg
 
@@ -123,7 +122,7 @@ def train_row(row: str, work: Path, args) -> dict:
     write_history(history, cfg.output, title=f"{row}: {cfg.run_name}")
     summary = {"steps": len(history), "wall_s": round(time.time() - started, 1), "final_loss": history[-1]["loss"],
                "rows": len(read_rows(cfg.data.url)), "config": str(CONFIG.relative_to(ROOT)),
-               "overrides": {k: v for k, v in RECIPES[row].items()}}
+               "overrides": RECIPES[row]}
     info.write_text(json.dumps(summary, indent=1))
     return summary
 
