@@ -69,7 +69,8 @@ class Result:
         self.started_at = datetime.now(UTC).isoformat()
         self.git = git_commit(ROOT)  # the code that ran: taken at the start, not when the result is written
 
-    def write(self, figures: dict, folder: Path = RESULTS) -> Path:
+    def write(self, figures: dict, folder: Path = RESULTS, top_level: dict | None = None) -> Path:
+        """``top_level``: keys a result's schema puts beside ``figures`` (e.g. the quality table's ``sets``)."""
         folder.mkdir(parents=True, exist_ok=True)
         document = {
             "name": self.name,
@@ -79,6 +80,7 @@ class Result:
             "versions": versions(),
             "started_at": self.started_at,
             "wall_seconds": round(time.perf_counter() - self.started, 1),
+            **(top_level or {}),
             "figures": figures,
         }
         path = folder / f"{self.name}.json"

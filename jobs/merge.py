@@ -1,21 +1,28 @@
-"""SLERP-merge two checkpoints tensor by tensor (YAML config: first, second, output, t).
+"""Merge two checkpoints tensor by tensor (SLERP or linear); with ``sweep``, choose the weight on dev data.
 
 python jobs/merge.py --config jobs/configs/tiny-merge.yaml
+python jobs/merge.py --config jobs/configs/minilm-general-merge.yaml   # sweep base -> fine-tuned on dev queries
 
-A mistake the user can fix (config field, checkpoint path) exits with status 2 and one line on stderr.
+YAML: ``first``, ``second``, ``output``, ``t``, ``method`` (slerp | linear). A sweep (``sweep: [0.3, 0.5, ...]``)
+scores each weight on the held-out queries of the ``dev`` sources (the training config's sources with the
+same ``holdout``: never trained on, never the test sets), saves the best at ``output`` and writes the curve
+beside it (``merge_sweep.json``, ``merge_sweep.png``). A mistake the user can fix (config field, checkpoint
+path) exits with status 2 and one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
+from embedlib.data import resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.submitted import check_submitted_paths  # noqa: E402
-from embedlib.training.config import load_merge_config  # noqa: E402
+from embedlib.training.config import MergeConfig, load_merge_config  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,14 +38,50 @@ def main(argv: list[str] | None = None) -> int:
     return run_job("merge", lambda: merge(argv))
 
 
+def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
+    """Score every weight of ``cfg.sweep`` on the dev sets: the report (curve, chosen weight) and its PNG."""
+    from embedlib.training.merge import best_weight, sweep
+    from embedlib.training.mixture import heldout_dataset
+    from embedlib.training.plots import merge_curve_png
+
+    dev_sets = {source.name: (heldout_dataset(source, cfg.dev_max_docs), source.kind == "q2q") for source in cfg.dev}
+    curve = sweep(cfg.first, cfg.second, cfg.sweep, dev_sets, cfg.method, cfg.max_length, cfg.quantization, cfg.cache)
+    chosen = best_weight(curve)
+    report = {
+        "first": cfg.first,
+        "second": cfg.second,
+        "method": cfg.method,
+        "quantization": cfg.quantization,
+        "metric": {name: "recall@10" if q2q else "ndcg@10" for name, (_, q2q) in dev_sets.items()},
+        "dev_queries": {name: len(dataset.qrels) for name, (dataset, _) in dev_sets.items()},
+        "dev_docs": {name: len(dataset.corpus) for name, (dataset, _) in dev_sets.items()},
+        "curve": curve,
+        "chosen_t": chosen,
+        "output": cfg.output,
+    }
+    return report, merge_curve_png(curve, chosen, f"dev score ({cfg.quantization})")
+
+
 def merge(argv: list[str] | None) -> int:
     cfg = load_merge_config(parse_args(argv).config)
     check_submitted_paths({"first": cfg.first, "second": cfg.second, "output": cfg.output})
+    cfg.first, cfg.second = resolve_model(cfg.first), resolve_model(cfg.second)
+    from embedlib import storage
     from embedlib.training.merge import merge_checkpoints  # torch: once the config is valid
 
-    merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t)
+    if cfg.sweep:
+        report, png = run_sweep(cfg)
+        for point in report["curve"]:
+            scores = " ".join(f"{name} {value:.4f}" for name, value in point["scores"].items())
+            print(f"t={point['t']:g}: {scores} mean {point['mean']:.4f}")
+        cfg.t = report["chosen_t"]
+    merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t, cfg.method)
+    if cfg.sweep:
+        storage.write_bytes_atomic(storage.join(cfg.output, "merge_sweep.json"), json.dumps(report, indent=1).encode())
+        storage.write_bytes_atomic(storage.join(cfg.output, "merge_sweep.png"), png)
     print(
-        f"merged {cfg.first} and {cfg.second} at t={cfg.t} into {cfg.output} (weights {merged.weights_hash[:12]})"
+        f"merged {cfg.first} and {cfg.second} ({cfg.method}) at t={cfg.t:g} into {cfg.output} "
+        f"(weights {merged.weights_hash[:12]})"
     )
     return 0
 

@@ -7,7 +7,10 @@ DeepSpeed.
     python jobs/train.py --stage diffretriever --config jobs/configs/tiny-diffretriever.yaml \\
         --prepare-beir ../shared/data/scifact
     python jobs/train.py --config jobs/configs/tiny-contextual.yaml --prepare-beir ../shared/data/scifact
+    python jobs/train.py --config jobs/configs/minilm-general.yaml --prepare-mixture
 
+``--prepare-mixture`` first writes the config's ``data.url`` from its ``data.sources`` (multi-source rows in
+same-source batches, hard negatives mined per source for triplets; ``embedlib.training.mixture``).
 ``--prepare-beir`` first writes the config's ``data.url`` from a BEIR-layout dataset (qrels -> pairs,
 plus hard negatives mined with BM25 or an embedding model for triplets, and for diffretriever with
 ``hard_negatives > 0``; for contextual, each relevant document in sentence chunks with the BM25-best chunk
@@ -24,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a ray job's working dir
 
+from embedlib.data import resolve_model  # noqa: E402
 from embedlib.errors import run_job  # noqa: E402
 from embedlib.storage import redact_url  # noqa: E402
 from embedlib.submitted import check_submitted_paths  # noqa: E402
@@ -61,6 +65,23 @@ def prepare_beir(cfg: TrainConfig, url: str, split: str, negatives: str) -> None
     print(f"wrote {len(examples)} {rows} rows to {cfg.data.url}")
 
 
+def prepare_mixture(cfg: TrainConfig) -> None:
+    """Write ``cfg.data.url`` from ``cfg.data.sources``."""
+    from embedlib.training.data import row_format, write_rows
+    from embedlib.training.mixture import build_mixture
+
+    if not cfg.data.sources:
+        raise ConfigError("data.sources: --prepare-mixture needs the sources listed in the config")
+    rows = row_format(cfg.stage, cfg.hard_negatives)
+    if rows not in ("pair", "triplet"):
+        raise ConfigError(f"stage: --prepare-mixture writes pair or triplet rows, not {rows} rows")
+    negatives = cfg.hard_negatives if rows == "triplet" else 0
+    data = cfg.data
+    examples = build_mixture(data.sources, data.rows, cfg.batch_size, negatives, data.same_source_batches, cfg.seed)
+    write_rows(examples, data.url)
+    print(f"wrote {len(examples)} {rows} rows from {len(data.sources)} sources to {data.url}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -69,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stage", choices=STAGES, help="overrides the config's stage")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     parser.add_argument("--prepare-beir", metavar="URL", help="write data.url from this BEIR dataset first")
+    parser.add_argument("--prepare-mixture", action="store_true", help="write data.url from data.sources first")
     parser.add_argument("--split", default="train")
     parser.add_argument("--negatives", default="bm25", help="bm25 or model:<checkpoint> (triplets)")
     return parser.parse_args(argv)
@@ -80,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.stage:
         overrides["stage"] = args.stage
     cfg = load_config(args.config, overrides)
+    cfg.model = resolve_model(cfg.model)
     if cfg.stage not in STAGES:
         raise ConfigError(f"{redact_url(args.config)}: stage {cfg.stage!r} is not one of {STAGES} (pretrain: jobs/pretrain.py)")
     check_submitted_paths({"model": cfg.model, "output": cfg.output, "data.url": cfg.data.url,
@@ -95,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
 def train_stage(argv: list[str] | None) -> int:
     args = parse_args(argv)
     cfg = config_from_args(args)
+    if args.prepare_beir and args.prepare_mixture:
+        raise ConfigError("--prepare-beir and --prepare-mixture: give one")
     if args.prepare_beir:
         prepare_beir(cfg, args.prepare_beir, args.split, args.negatives)
+    if args.prepare_mixture:
+        prepare_mixture(cfg)
     import ray
 
     from embedlib.training.runner import train

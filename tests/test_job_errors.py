@@ -164,3 +164,12 @@ def test_the_default_model_is_nameable_by_its_name():
     config = evaluate.config_from_args(evaluate.parse_args(
         ["--dataset", "d", "--out", "o", "--model", DEFAULT_MODEL_NAME, "--model", "mine=s3://b/m"]))
     assert config.models == [f"{DEFAULT_MODEL_NAME}={default_model_path()}", "mine=s3://b/m"]
+
+
+def test_train_job_names_a_mixture_source_field(tmp_path):
+    config = write(tmp_path / "mix.yaml", (
+        "stage: triplet\nmodel: all-MiniLM-L6-v2\noutput: out\n"
+        "data: {url: rows.parquet, sources: [{name: a, kind: beir, url: x, weight: 0}]}\n"
+    ))
+    done, _ = run_job("train", "--config", config, "--prepare-mixture", cwd=tmp_path)
+    assert_one_line_error(done, "train", f"{config}: data.sources[0].weight: must be > 0")

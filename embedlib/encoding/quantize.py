@@ -50,6 +50,24 @@ def int8_straight_through(pooled: torch.Tensor) -> torch.Tensor:
     return _RoundStraightThrough.apply(INT8_SCALE * torch.tanh(pooled))
 
 
+class _SignStraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.where(x > 0, 1.0, -1.0).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * (x.abs() <= 1).to(grad.dtype)
+
+
+def binary_straight_through(pooled: torch.Tensor) -> torch.Tensor:
+    """Training-time binary: values ``±1`` (``+1`` where ``x > 0``, the bit ``quantize_binary`` sets), gradients
+    passed straight through where ``|x| <= 1``. Cosine of these is ``1 - 2·Hamming/d``: the served ranking."""
+    return _SignStraightThrough.apply(pooled)
+
+
 def quantize_int8(pooled: torch.Tensor) -> torch.Tensor:
     """Inference-time INT8 codes (dtype int8) of the pooled vectors."""
     return torch.round(INT8_SCALE * torch.tanh(pooled.float())).to(torch.int8)

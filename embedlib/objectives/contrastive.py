@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from embedlib.encoding.quantize import int8_straight_through, truncate
+from embedlib.encoding.quantize import binary_straight_through, int8_straight_through, truncate
 from embedlib.objectives.distributed import all_gather_with_grad, rank_offset
 
 PAIR_TEMPERATURE = 0.02
@@ -26,6 +26,11 @@ CONTEXTUAL_BETA = (0.2, 0.5)
 def embed_int8(pooled: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Training-time embedding: Matryoshka truncation, then INT8 straight-through."""
     return int8_straight_through(truncate(pooled, dim))
+
+
+def embed_binary(pooled: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Training-time binary embedding: Matryoshka truncation, then sign straight-through."""
+    return binary_straight_through(truncate(pooled, dim))
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -75,17 +80,21 @@ def query_document_nce(
     margin: float | None,
     doc_hashes: torch.Tensor | None = None,
     query_negatives: bool = True,
+    in_batch_keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """InfoNCE of each query against its document, with every rank's documents (and queries) as negatives.
 
     ``margin``: the false-negative mask (``None`` turns it off); ``doc_hashes`` ``(B,)`` int64: in-batch
-    copies of a query's own document are not negatives (the duplicate-document mask).
+    copies of a query's own document are not negatives (the duplicate-document mask); ``in_batch_keep``
+    ``(B, N)`` bool over the gathered rows: which may be negatives at all (:func:`same_source_other_query`).
     """
     all_d = all_gather_with_grad(d)
     offset = rank_offset(q.shape[0])
     positive = cosine(q, d)
     keep_self = not_self(q.shape[0], all_d.shape[0], offset, q.device)
     doc_scores = cosine_matrix(q, all_d)
+    if in_batch_keep is not None:
+        keep_self = keep_self & in_batch_keep
     doc_keep = keep_self.clone()
     if doc_hashes is not None:
         doc_keep &= ~same_document(doc_hashes, all_gather_with_grad(doc_hashes))
@@ -99,30 +108,50 @@ def query_document_nce(
     return info_nce(positive, scores_t, keep_t, temperature)
 
 
+def same_source_other_query(
+    sources: torch.Tensor | None, queries: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Bool ``(B, N)`` over every rank's rows: in-batch negatives come from the query's own source (by hash)
+    and never from a row of the same query (its other positives); ``None`` when the rows carry neither."""
+    keep = None
+    if sources is not None:
+        keep = sources.unsqueeze(1) == all_gather_with_grad(sources).unsqueeze(0)
+    if queries is not None:
+        other = queries.unsqueeze(1) != all_gather_with_grad(queries).unsqueeze(0)
+        keep = other if keep is None else keep & other
+    return keep
+
+
 def pair_loss(
     q: torch.Tensor,
     d: torch.Tensor,
     temperature: float = PAIR_TEMPERATURE,
     margin: float | None = FALSE_NEGATIVE_MARGIN,
     doc_hashes: torch.Tensor | None = None,
+    in_batch_keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pair training (§4.4): in-batch documents and other queries as negatives, false-negative mask."""
-    return query_document_nce(q, d, temperature, margin, doc_hashes, query_negatives=True)
+    return query_document_nce(q, d, temperature, margin, doc_hashes, query_negatives=True,
+                              in_batch_keep=in_batch_keep)
 
 
 def triplet_loss(
-    q: torch.Tensor, d: torch.Tensor, hard_negatives: torch.Tensor, temperature: float = TRIPLET_TEMPERATURE
+    q: torch.Tensor,
+    d: torch.Tensor,
+    hard_negatives: torch.Tensor,
+    temperature: float = TRIPLET_TEMPERATURE,
+    in_batch_keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Triplet training (§4.6): in-batch documents plus each query's own ``K`` hard negatives ``(B, K, d)``."""
+    """Triplet training (§4.6): in-batch documents plus each query's own ``K`` hard negatives ``(B, K, d)``;
+    ``in_batch_keep`` as in :func:`query_document_nce`."""
     all_d = all_gather_with_grad(d)
     offset = rank_offset(q.shape[0])
     in_batch = cosine_matrix(q, all_d)
+    keep_in_batch = not_self(q.shape[0], all_d.shape[0], offset, q.device)
+    if in_batch_keep is not None:
+        keep_in_batch &= in_batch_keep
     keep = torch.cat(
-        [
-            not_self(q.shape[0], all_d.shape[0], offset, q.device),
-            torch.ones(hard_negatives.shape[:2], dtype=torch.bool, device=q.device),
-        ],
-        dim=1,
+        [keep_in_batch, torch.ones(hard_negatives.shape[:2], dtype=torch.bool, device=q.device)], dim=1
     )
     hard = cosine(q.unsqueeze(1), hard_negatives)
     return info_nce(cosine(q, d), torch.cat([in_batch, hard], dim=1), keep, temperature)
@@ -187,8 +216,15 @@ def contextual_loss(
 
 
 def matryoshka(
-    loss: Callable[..., torch.Tensor], pooled: Sequence[torch.Tensor], dims: Sequence[int | None] | None
+    loss: Callable[..., torch.Tensor],
+    pooled: Sequence[torch.Tensor],
+    dims: Sequence[int | None] | None,
+    binary_weight: float = 0.0,
 ) -> torch.Tensor:
-    """Sum of ``loss(*int8 embeddings)`` over the nested ``dims`` (``None``/empty: the full width only)."""
+    """Sum of ``loss(*int8 embeddings)`` over the nested ``dims`` (``None``/empty: the full width only), plus
+    ``binary_weight`` times the same loss on sign straight-through embeddings at each width."""
     dims = list(dims) if dims else [None]
-    return sum(loss(*(embed_int8(p, dim) for p in pooled)) for dim in dims)
+    total = sum(loss(*(embed_int8(p, dim) for p in pooled)) for dim in dims)
+    if binary_weight:
+        total = total + binary_weight * sum(loss(*(embed_binary(p, dim) for p in pooled)) for dim in dims)
+    return total

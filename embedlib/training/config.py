@@ -14,6 +14,25 @@ Stage = Literal["pretrain", "pair", "contextual", "triplet", "diffretriever"]
 STAGES: tuple[str, ...] = get_args(Stage)
 
 
+SourceKind = Literal["beir", "q2q", "spans"]
+
+
+@dataclass
+class SourceConfig:
+    """One source of a multi-source mixture (``embedlib.training.mixture``)."""
+
+    name: str
+    kind: SourceKind  # beir: query -> relevant document; q2q: duplicate questions; spans: neighbouring text spans
+    url: str  # beir / q2q: a BEIR-layout folder; spans: a .txt file or a folder of them
+    split: str = "train"  # beir / q2q: the qrels split read
+    weight: float = 1.0  # sampling weight: the source's share of the mixture's rows
+    min_relevance: int = 1  # beir (graded qrels): positives are documents judged at least this
+    # beir / q2q: fraction of queries (q2q: of duplicate groups) never trained on, the dev / evaluation split
+    holdout: float = 0.0
+    max_pairs: int | None = None  # cap on the source's distinct pairs (spans: how many to cut)
+    seed: int = 0  # of the held-out split and the span sample
+
+
 @dataclass
 class DataConfig:
     url: str  # parquet or jsonl file/folder at any fsspec URL; rows are read in order (converters shuffle)
@@ -21,6 +40,10 @@ class DataConfig:
     max_length: int = 256  # token cap per text (documents; queries use query_max_length)
     query_max_length: int = 64
     stream: bool = False  # True: Ray Data read tasks stream the files; False: read once into the object store
+    # Multi-source mixture: ``jobs/train.py --prepare-mixture`` writes ``url`` from these sources.
+    sources: list[SourceConfig] | None = None
+    rows: int | None = None  # mixture rows, split over the sources by weight (a source smaller than its share repeats)
+    same_source_batches: bool = True  # each batch of batch_size rows from one source (in-batch negatives stay in it)
 
 
 @dataclass
@@ -76,6 +99,10 @@ class TrainConfig:
     temperature: float | None = None
     false_negative_margin: float | None = 0.1
     matryoshka_dims: list[int] | None = None  # nested dims; the full width is always included
+    # Weight of the sign straight-through (binary) InfoNCE term added to the INT8 one at every Matryoshka width.
+    binary_weight: float = 0.0
+    # Rows carrying ``source`` (a mixture): in-batch negatives only from the query's own source.
+    same_source_negatives: bool = True
     contextual_alpha: float = 0.2
     contextual_beta: tuple[float, float] = (0.2, 0.5)
     max_chunks: int = 8  # contextual: chunks per document (more are dropped, with a warning)
@@ -134,14 +161,42 @@ def validate(cfg: TrainConfig) -> None:
         ("log_every", cfg.log_every >= 1, "must be >= 1"),
         ("report_every", cfg.report_every >= 0, "must be >= 0 (0: report with checkpoints only)"),
         ("matryoshka_dims", all(d > 0 for d in cfg.matryoshka_dims or []), "must be positive integers"),
+        ("binary_weight", cfg.binary_weight >= 0, "must be >= 0"),
     ]
     for name, ok, message in checks:
         if not ok:
             raise ConfigError(f"{name}: {message}")
+    validate_sources(cfg)
     if isinstance(cfg.mask_id, str) and cfg.mask_id not in ("dream", "llada"):
         raise ConfigError(
             f"mask_id: must be an integer token id, 'dream', 'llada' or null, got {cfg.mask_id!r}"
         )
+
+
+def validate_sources(cfg: TrainConfig) -> None:
+    """The mixture fields of ``data``: errors name the field (``data.sources[1].weight``)."""
+    data = cfg.data
+    if data.sources is None:
+        return
+    if not data.sources:
+        raise ConfigError("data.sources: must list at least one source (or be null)")
+    if data.rows is not None and data.rows < cfg.batch_size:
+        raise ConfigError(f"data.rows: must be >= batch_size ({cfg.batch_size}), got {data.rows}")
+    seen = set()
+    for i, source in enumerate(data.sources):
+        name = f"data.sources[{i}]"
+        checks = [
+            ("name", source.name not in seen, f"duplicate source name {source.name!r}"),
+            ("weight", source.weight > 0, f"must be > 0, got {source.weight}"),
+            ("holdout", 0 <= source.holdout < 1, f"must be in [0, 1), got {source.holdout}"),
+            ("holdout", source.kind != "spans" or source.holdout == 0, "spans sources have no held-out split"),
+            ("max_pairs", source.max_pairs is None or source.max_pairs >= 1, "must be >= 1 or null"),
+            ("min_relevance", source.min_relevance >= 1, "must be >= 1"),
+        ]
+        for field_name, ok, message in checks:
+            if not ok:
+                raise ConfigError(f"{name}.{field_name}: {message}")
+        seen.add(source.name)
 
 
 def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -175,14 +230,33 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 @dataclass
 class MergeConfig:
-    first: str  # checkpoint at t = 0
-    second: str  # checkpoint at t = 1
+    first: str  # checkpoint at t = 0 (the base model, or an earlier stage)
+    second: str  # checkpoint at t = 1 (the fine-tuned model, or a later stage)
     output: str
-    t: float = 0.5
+    t: float = 0.5  # the weight, unless ``sweep`` chooses it
+    method: Literal["slerp", "linear"] = "slerp"
+    # Sweep: the weights tried, each scored on the held-out (never trained on) queries of ``dev``; the best
+    # mean is saved at ``output``, the curve beside it (merge_sweep.json / .png).
+    sweep: list[float] | None = None
+    dev: list[SourceConfig] | None = None  # the training config's sources, same holdout and seed
+    dev_max_docs: int | None = 2000  # dev corpus cap: judged documents of the held-out queries, then others
+    max_length: int = 128  # token cap when encoding the dev sets
+    quantization: Literal["float", "int8", "binary"] = "int8"  # the served path the dev scores use
+    cache: str | None = None  # embedding cache (``embedlib.eval.embeddings``)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.t <= 1.0:
-            raise ConfigError(f"t: must be in [0, 1], got {self.t}")
+        for name, value in [("t", self.t), *((f"sweep[{i}]", w) for i, w in enumerate(self.sweep or []))]:
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name}: must be in [0, 1], got {value}")
+        if self.sweep is not None and not self.sweep:
+            raise ConfigError("sweep: must list at least one weight (or be null)")
+        if self.sweep and not self.dev:
+            raise ConfigError("dev: a sweep needs dev sources to score the weights on")
+        for i, source in enumerate(self.dev or []):
+            if source.kind == "spans" or source.holdout <= 0:
+                raise ConfigError(f"dev[{i}].holdout: a dev source needs a held-out split (holdout > 0, beir or q2q)")
+        if self.dev_max_docs is not None and self.dev_max_docs < 1:
+            raise ConfigError("dev_max_docs: must be >= 1 or null")
 
 
 def load_merge_config(path_or_url: str) -> MergeConfig:

@@ -1,16 +1,21 @@
-"""SLERP merging of two checkpoints of the same architecture, tensor by tensor."""
+"""Merging two checkpoints of the same architecture tensor by tensor (SLERP or linear), and the sweep that
+chooses the weight on held-out dev queries (WiSE-FT-style interpolation against forgetting)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
 from embedlib.encoding.encoder import Encoder
+from embedlib.eval.beir import BeirDataset
 from embedlib.training.config import MergeConfig
 from embedlib.training.recipe import write_recipe
 
 PARALLEL_DOT = 0.9995  # |cos| above this: the arc is degenerate, interpolate linearly
+Method = Literal["slerp", "linear"]
 
 
 def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
@@ -32,25 +37,89 @@ def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
     return merged.view_as(a).to(a.dtype)
 
 
-def slerp_state_dicts(
-    first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], t: float
+def lerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
+    """``(1 - t)·a + t·b`` (integer tensors: the nearer end's)."""
+    if a.shape != b.shape:
+        raise ValueError(f"cannot merge tensors of shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if not a.is_floating_point():
+        return a.clone() if t < 0.5 else b.clone()
+    return torch.lerp(a.double(), b.double(), t).to(a.dtype)
+
+
+def interpolate_state_dicts(
+    first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], t: float, method: Method = "slerp"
 ) -> dict[str, torch.Tensor]:
-    """Per-tensor SLERP of two state dicts with the same keys."""
+    """Per-tensor SLERP or linear interpolation of two state dicts with the same keys."""
     if set(first) != set(second):
         missing = sorted(set(first) ^ set(second))
         raise ValueError(f"checkpoints differ in tensors: {missing[:5]}")
-    return {name: slerp(first[name], second[name], t) for name in first}
+    merge = slerp if method == "slerp" else lerp
+    return {name: merge(first[name], second[name], t) for name in first}
+
+
+def merged_encoder(
+    first: str | os.PathLike, second: Encoder, t: float, method: Method = "slerp", max_length: int | None = None
+) -> Encoder:
+    """``first`` loaded and moved ``t`` of the way to ``second``'s weights (a fresh encoder: its own weights hash)."""
+    if not 0.0 <= t <= 1.0:
+        raise ValueError(f"t: must be in [0, 1], got {t}")
+    encoder = Encoder.from_pretrained(first, device="cpu", dtype="fp32", max_length=max_length)
+    weights = interpolate_state_dicts(encoder.model.state_dict(), second.model.state_dict(), t, method)
+    encoder.model.load_state_dict(weights)
+    return encoder
 
 
 def merge_checkpoints(
-    first: str | os.PathLike, second: str | os.PathLike, output: str | os.PathLike, t: float = 0.5
+    first: str | os.PathLike,
+    second: str | os.PathLike,
+    output: str | os.PathLike,
+    t: float = 0.5,
+    method: Method = "slerp",
 ) -> Encoder:
-    """SLERP ``first`` (t=0) towards ``second`` (t=1) and save the result with ``Encoder.save_pretrained``."""
-    if not 0.0 <= t <= 1.0:
-        raise ValueError(f"t: must be in [0, 1], got {t}")
-    base = Encoder.from_pretrained(first, device="cpu", dtype="fp32")
+    """Interpolate ``first`` (t=0) towards ``second`` (t=1) and save the result with ``Encoder.save_pretrained``."""
     other = Encoder.from_pretrained(second, device="cpu", dtype="fp32")
-    base.model.load_state_dict(slerp_state_dicts(base.model.state_dict(), other.model.state_dict(), t))
-    base.save_pretrained(output)
-    write_recipe(output, MergeConfig(first=str(first), second=str(second), output=str(output), t=t))
-    return base
+    merged = merged_encoder(first, other, t, method)
+    merged.save_pretrained(output)
+    write_recipe(output, MergeConfig(first=str(first), second=str(second), output=str(output), t=t, method=method))
+    return merged
+
+
+def dev_score(
+    encoder: Encoder, name: str, dataset: BeirDataset, q2q: bool, quantization: str, cache: str | None
+) -> float:
+    """nDCG@10 (Q2D) or recall@10 (Q2Q) of ``encoder`` on a dev set through the served ``quantization`` path."""
+    from embedlib.eval.run import evaluate_systems
+    from embedlib.eval.systems import DenseSystem, ModelEmbeddings
+
+    system = DenseSystem(ModelEmbeddings(name, encoder, cache=cache, show_progress=False), quantization)
+    result = evaluate_systems(dataset, [system], q2q=q2q, max_k=10)[0]
+    return result.metrics["recall@10" if q2q else "ndcg@10"]
+
+
+def sweep(
+    first: str | os.PathLike,
+    second: str | os.PathLike,
+    weights: Sequence[float],
+    dev_sets: dict[str, tuple[BeirDataset, bool]],
+    method: Method = "slerp",
+    max_length: int | None = None,
+    quantization: str = "int8",
+    cache: str | None = None,
+) -> list[dict]:
+    """One point per weight: ``{"t", "scores": {dev set: score}, "mean"}``; ``dev_sets`` maps a name to
+    ``(dataset, is_q2q)``."""
+    other = Encoder.from_pretrained(second, device="cpu", dtype="fp32")
+    curve = []
+    for t in weights:
+        encoder = merged_encoder(first, other, t, method, max_length)
+        scores = {
+            name: dev_score(encoder, f"merge@{t:g}/{name}", dataset, q2q, quantization, cache)
+            for name, (dataset, q2q) in dev_sets.items()
+        }
+        curve.append({"t": t, "scores": scores, "mean": sum(scores.values()) / len(scores)})
+    return curve
+
+
+def best_weight(curve: Sequence[dict]) -> float:
+    """The weight of the best mean dev score (the smaller weight on a tie: closer to ``first``)."""
+    return max(curve, key=lambda point: (point["mean"], -point["t"]))["t"]

@@ -38,6 +38,13 @@ def loss_curves_png(curves: dict[str, Sequence[dict]], ylabel: str = "training l
         ax.plot([r["step"] for r in history], [r["loss"] for r in history], label=name)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
+    return finished_png(fig, ax)
+
+
+def finished_png(fig, ax) -> bytes:
+    """Legend, grid, tight layout: the figure as PNG bytes (and closed)."""
+    import matplotlib.pyplot as plt
+
     ax.legend()
     ax.grid(alpha=0.3)
     buffer = io.BytesIO()
@@ -45,3 +52,21 @@ def loss_curves_png(curves: dict[str, Sequence[dict]], ylabel: str = "training l
     fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def merge_curve_png(curve: Sequence[dict], chosen: float, ylabel: str = "dev score (INT8)") -> bytes:
+    """One PNG of a merge sweep: each dev set's score and their mean against the weight ``t``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ts = [point["t"] for point in curve]
+    for name in curve[0]["scores"]:
+        ax.plot(ts, [point["scores"][name] for point in curve], marker="o", label=name)
+    ax.plot(ts, [point["mean"] for point in curve], marker="s", color="black", label="mean")
+    ax.axvline(chosen, color="grey", linestyle="--", label=f"chosen t={chosen:g}")
+    ax.set_xlabel("t (0: first checkpoint, 1: second)")
+    ax.set_ylabel(ylabel)
+    return finished_png(fig, ax)

@@ -28,7 +28,12 @@ from embedlib.objectives import (
     matryoshka,
     pair_loss,
 )
-from embedlib.objectives.contrastive import PAIR_TEMPERATURE, TRIPLET_TEMPERATURE, triplet_loss
+from embedlib.objectives.contrastive import (
+    PAIR_TEMPERATURE,
+    TRIPLET_TEMPERATURE,
+    same_source_other_query,
+    triplet_loss,
+)
 from embedlib.objectives.representative import DIFFRETRIEVER_TEMPERATURE, diffretriever_loss
 from embedlib.training import causal_ablation
 from embedlib.training.config import TrainConfig
@@ -107,20 +112,25 @@ class ContrastiveModel(torch.nn.Module):
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         stage, cfg = self.cfg.stage, self.cfg
         q = self.embed(batch["query"])
+        keep = same_source_other_query(batch.get("source_hash"), batch.get("query_hash"))
         if stage == "pair":
             temperature = cfg.temperature or PAIR_TEMPERATURE
             hashes = batch["doc_hash"]
             loss = matryoshka(
-                lambda a, b: pair_loss(a, b, temperature, cfg.false_negative_margin, hashes),
+                lambda a, b: pair_loss(a, b, temperature, cfg.false_negative_margin, hashes, keep),
                 [q, self.embed(batch["positive"])],
                 self.dims,
+                cfg.binary_weight,
             )
         elif stage == "triplet":
             temperature = cfg.temperature or TRIPLET_TEMPERATURE
             d = self.embed(batch["positive"])
             negatives = self.embed(batch["negatives"]).view(q.shape[0], -1, q.shape[1])
             loss = matryoshka(
-                lambda a, b, n: triplet_loss(a, b, n, temperature), [q, d, negatives], self.dims
+                lambda a, b, n: triplet_loss(a, b, n, temperature, keep),
+                [q, d, negatives],
+                self.dims,
+                cfg.binary_weight,
             )
         else:
             loss = self.contextual(batch, q)
@@ -150,6 +160,7 @@ class ContrastiveModel(torch.nn.Module):
             ),
             [q, document, chunks],
             self.dims,
+            cfg.binary_weight,
         )
 
 
@@ -326,7 +337,20 @@ class ContrastiveCollator:
             batch["negatives"] = padded(self.encoder, negatives, cfg.data.max_length)
         if cfg.stage == "contextual":
             batch.update(self.late_chunks(rows))
+        batch.update(self.mixture_keys(rows))
         return batch
+
+    def mixture_keys(self, rows: dict) -> dict[str, torch.Tensor]:
+        """Hashes of each row's source and query (mixture rows), which in-batch negatives are masked by."""
+        keys = {}
+        if self.cfg.same_source_negatives and "source" in rows:
+            keys["source_hash"] = torch.tensor([text_hash(str(s)) for s in rows["source"]], dtype=torch.int64)
+        if "query_id" in rows and "source" in rows:
+            keys["query_hash"] = torch.tensor(
+                [text_hash(f"{s}\x00{q}") for s, q in zip(rows["source"], rows["query_id"], strict=True)],
+                dtype=torch.int64,
+            )
+        return keys
 
     def late_chunks(self, rows: dict) -> dict:
         """Documents as concatenated chunk tokens with each chunk's span, cut to a window of chunks that fits

@@ -1,0 +1,319 @@
+"""Issue 13: the retrieval-quality table. Base all-MiniLM-L6-v2 against each fine-tuning recipe on SciFact test,
+NFCorpus test, Cranfield, CISI and the held-out Quora split, in float, INT8 and binary through the exact
+FAISS paths the index serves (cosine on INT8 codes, Hamming on packed bits).
+
+    python bench/quality_table.py                        # train what is missing, sweep the merge, evaluate all
+    python bench/quality_table.py --rows base,multi-merged   # only these rows (measured rows are kept)
+
+Rows (the recommended recipe is jobs/configs/minilm-general.yaml, merged with the base by
+jobs/configs/minilm-general-merge.yaml):
+- ``base``: the model as shipped;
+- ``multi``: the mixture recipe (SciFact train, NFCorpus dev, Quora train groups, Gutenberg spans), binary term on;
+- ``multi-merged`` (recommended): ``multi`` SLERP-merged with the base, the weight chosen on held-out dev queries;
+- ``single``: the same recipe, steps and objective on SciFact train alone (single- vs multi-source);
+- ``multi-nobinary``: ``multi`` without the binary term (with / without binary);
+- ``multi-nobinary-merged``: that model merged at the weight chosen for ``multi``.
+
+Training runs in this process (``bench/train_common.plain_loop``: the same stage module and optimiser as the
+Ray Train runner, which ``jobs/train.py`` drives with the same YAML). Every model's float embeddings of each
+corpus are encoded once and cached by weights hash (``--cache``); INT8 and binary are derived from them. Each
+measured row is saved under ``--work`` so an interrupted run resumes; the table is written from every
+measured row: ``bench/results/quality_table.{json,md,png}`` (+ the merge curve PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "jobs"))
+
+import merge as merge_job  # noqa: E402
+from result_file import RESULTS, Result  # noqa: E402
+from train import prepare_mixture  # noqa: E402
+from train_common import plain_loop  # noqa: E402
+
+from embedlib.data import default_model_path, resolve_model  # noqa: E402
+from embedlib.eval.beir import BeirDataset, load_beir  # noqa: E402
+from embedlib.eval.run import evaluate_systems  # noqa: E402
+from embedlib.eval.systems import DenseSystem, ModelEmbeddings  # noqa: E402
+from embedlib.training.config import load_config, load_merge_config  # noqa: E402
+from embedlib.training.mixture import heldout_dataset  # noqa: E402
+from embedlib.training.plots import write_history  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data"
+CONFIG = ROOT / "jobs" / "configs" / "minilm-general.yaml"
+MERGE_CONFIG = ROOT / "jobs" / "configs" / "minilm-general-merge.yaml"
+QUANTIZATIONS = ("float", "int8", "binary")
+RECOMMENDED = "multi-merged"
+ROWS = ("base", "multi", "multi-merged", "single", "multi-nobinary", "multi-nobinary-merged")
+# Trained rows: overrides of the recommended config ("sources": the names of its sources kept).
+RECIPES = {
+    "multi": {},
+    "single": {"sources": ["scifact"]},
+    "multi-nobinary": {"binary_weight": 0.0},
+}
+ABLATIONS = [
+    ("single- vs multi-source (no merge)", "single", "multi"),
+    ("without vs with merge", "multi", "multi-merged"),
+    ("without vs with binary term (no merge)", "multi-nobinary", "multi"),
+    ("without vs with binary term (merged)", "multi-nobinary-merged", "multi-merged"),
+]
+
+
+def eval_sets(quora: BeirDataset) -> dict[str, tuple[BeirDataset, bool]]:
+    """The five evaluation sets: name -> (dataset, is Q2Q). Quora: the held-out duplicate groups only."""
+    sets = {name: (load_beir(str(DATA / name), "test"), False) for name in ("scifact", "nfcorpus-test", "cranfield", "cisi")}
+    sets["quora-heldout"] = (quora, True)
+    return sets
+
+
+def evaluate_model(name: str, path: str, sets: dict, args) -> dict:
+    """``{set: {"metric", "float", "int8", "binary"}}``: one encoding per corpus, three quantized searches."""
+    torch.set_num_threads(args.torch_threads)
+    model = ModelEmbeddings.load(name, path, cache=args.cache, max_length=args.eval_max_length)
+    row = {}
+    for set_name, (dataset, q2q) in sets.items():
+        metric = "recall@10" if q2q else "ndcg@10"
+        systems = [DenseSystem(model, q) for q in QUANTIZATIONS]
+        results = evaluate_systems(dataset, systems, q2q=q2q, max_k=100)
+        row[set_name] = {"metric": metric, **{q: r.metrics[metric] for q, r in zip(QUANTIZATIONS, results, strict=True)}}
+        print(f"{name} {set_name}: " + " ".join(f"{q} {row[set_name][q]:.4f}" for q in QUANTIZATIONS), flush=True)
+    return row
+
+
+def recipe_config(row: str, work: Path, args):
+    """The recommended config with the row's overrides, writing under ``work``."""
+    overrides = {
+        "output": str(work / row),
+        "data.url": str(work / f"{row}.parquet"),
+        "run_name": f"quality-{row}",
+        "scaling.torch_threads": args.torch_threads,
+    }
+    if args.steps:
+        overrides["max_steps"] = args.steps
+    recipe = dict(RECIPES[row])
+    kept = recipe.pop("sources", None)
+    cfg = load_config(str(CONFIG), overrides | recipe)
+    if kept:
+        cfg.data.sources = [s for s in cfg.data.sources if s.name in kept]
+    cfg.model = resolve_model(cfg.model)
+    return cfg
+
+
+def train_row(row: str, work: Path, args) -> dict:
+    """Train a recipe row (unless its model is saved under ``work``); its steps and wall time."""
+    cfg = recipe_config(row, work, args)
+    info = work / f"{row}-train.json"
+    if info.exists():
+        return json.loads(info.read_text())
+    started = time.time()
+    prepare_mixture(cfg)
+    from embedlib.training.data import read_rows
+
+    history = plain_loop(cfg, read_rows(cfg.data.url))
+    write_history(history, cfg.output, title=f"{row}: {cfg.run_name}")
+    summary = {"steps": len(history), "wall_s": round(time.time() - started, 1), "final_loss": history[-1]["loss"],
+               "rows": len(read_rows(cfg.data.url)), "config": str(CONFIG.relative_to(ROOT)),
+               "overrides": RECIPES[row]}
+    info.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def merge_row(work: Path, second: str, output: str, sweep: bool, t: float | None = None) -> dict:
+    """Merge ``second`` with the base through ``jobs/merge.py`` (a sweep on dev data, or the weight ``t``)."""
+    cfg = load_merge_config(str(MERGE_CONFIG))
+    values = {"first": cfg.first, "second": second, "output": output, "method": cfg.method,
+              "max_length": cfg.max_length, "quantization": cfg.quantization, "cache": cfg.cache}
+    if sweep:
+        values |= {"sweep": cfg.sweep, "dev_max_docs": cfg.dev_max_docs,
+                   "dev": [{k: getattr(s, k) for k in ("name", "kind", "url", "split", "holdout", "seed")} for s in cfg.dev]}
+    else:
+        values["t"] = t
+    path = work / f"merge-{Path(output).name}.json"
+    path.write_text(json.dumps(values))
+    if merge_job.main(["--config", str(path)]):
+        raise SystemExit(f"merge failed: {path}")
+    report = Path(output) / "merge_sweep.json"
+    return json.loads(report.read_text()) if sweep else {"chosen_t": t}
+
+
+def model_path(row: str, work: Path, args) -> tuple[str, dict]:
+    """The row's model folder (training or merging it first when missing) and how it was made."""
+    if row == "base":
+        return str(default_model_path()), {}
+    if row in RECIPES:
+        return str(work / row), train_row(row, work, args)
+    source = row.removesuffix("-merged")
+    second, _ = model_path(source, work, args)
+    output = work / row
+    made = work / f"{row}-merge.json"
+    if not made.exists():
+        if row == RECOMMENDED:
+            report = merge_row(work, second, str(output), sweep=True)
+        else:  # the recommended row's weight, applied to another fine-tuned model
+            _, recommended = model_path(RECOMMENDED, work, args)
+            report = merge_row(work, second, str(output), sweep=False, t=recommended["chosen_t"])
+        made.write_text(json.dumps(report, indent=1))
+    return str(output), json.loads(made.read_text())
+
+
+def mean_over_sets(row: dict) -> dict:
+    return {q: sum(entry[q] for entry in row.values()) / len(row) for q in QUANTIZATIONS}
+
+
+def markdown(table: dict) -> str:
+    rows, sets = table["rows"], list(table["sets"])
+    lines = [
+        f"Quality table (`{table['command']}`); INT8 / binary / float; {', '.join(sets)}; "
+        f"eval max_length {table['eval_max_length']}. Metric: nDCG@10 (Q2D), recall@10 (Quora Q2Q).",
+        "",
+        "| row | " + " | ".join(sets) + " | mean |",
+        "|---|" + "---|" * (len(sets) + 1),
+    ]
+    for name, row in rows.items():
+        cells = [" / ".join(f"{row['scores'][s][q]:.4f}" for q in ("int8", "binary", "float")) for s in sets]
+        mean = row["mean"]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean['int8']:.4f} / {mean['binary']:.4f} / {mean['float']:.4f} |")
+    if table.get("merge_curve"):
+        lines += ["", "Merge sweep (base -> multi, dev INT8 nDCG@10 on held-out training queries):", ""]
+        for point in table["merge_curve"]["curve"]:
+            scores = ", ".join(f"{k} {v:.4f}" for k, v in point["scores"].items())
+            lines.append(f"- t={point['t']:g}: {scores}; mean {point['mean']:.4f}")
+        lines.append(f"- chosen t={table['merge_curve']['chosen_t']:g}")
+    if table.get("acceptance"):
+        lines += ["", "Acceptance:", ""] + [f"- {k}: {v}" for k, v in table["acceptance"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def table_png(table: dict) -> bytes:
+    """Grouped bars: INT8 score per set and row, binary as a hatched bar beside it."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets, rows = list(table["sets"]), list(table["rows"])
+    width = 0.8 / (2 * len(rows))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    for i, name in enumerate(rows):
+        scores = table["rows"][name]["scores"]
+        x = [s + (2 * i) * width for s in range(len(sets))]
+        bars = ax.bar(x, [scores[s]["int8"] for s in sets], width, label=f"{name} int8")
+        ax.bar([v + width for v in x], [scores[s]["binary"] for s in sets], width, hatch="//",
+               color=bars[0].get_facecolor(), alpha=0.5, label=f"{name} binary")
+    ax.set_xticks([s + 0.4 - width / 2 for s in range(len(sets))], sets)
+    ax.set_ylabel("nDCG@10 (Quora: recall@10)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def acceptance(rows: dict) -> dict:
+    """The issue's acceptance checks on the recommended row: value, target and whether it is met."""
+    if "base" not in rows or RECOMMENDED not in rows:
+        return {}
+    base, rec = rows["base"]["scores"], rows[RECOMMENDED]["scores"]
+    worst = min(base, key=lambda s: rec[s]["int8"] - base[s]["int8"])
+    checks = {
+        "scifact_int8": (rec["scifact"]["int8"], ">= 0.70", rec["scifact"]["int8"] >= 0.70),
+        "worst_int8_change_vs_base": (rec[worst]["int8"] - base[worst]["int8"], f">= 0 ({worst})",
+                                      rec[worst]["int8"] >= base[worst]["int8"]),
+        "mean_int8_gain_vs_base": (rows[RECOMMENDED]["mean"]["int8"] - rows["base"]["mean"]["int8"], ">= 0.02",
+                                   rows[RECOMMENDED]["mean"]["int8"] - rows["base"]["mean"]["int8"] >= 0.02),
+        "scifact_int8_minus_binary": (rec["scifact"]["int8"] - rec["scifact"]["binary"], "<= 0.03",
+                                      rec["scifact"]["int8"] - rec["scifact"]["binary"] <= 0.03),
+    }
+    return {name: {"value": round(value, 4), "target": target, "met": met} for name, (value, target, met) in checks.items()}
+
+
+def build_table(measured: dict, args, result: Result) -> dict:
+    rows = {name: measured[name] for name in ROWS if name in measured}
+    set_names = list(next(iter(rows.values()))["scores"])
+    sets = {
+        s: {"metric": rows[next(iter(rows))]["scores"][s]["metric"],
+            **{name: {q: row["scores"][s][q] for q in QUANTIZATIONS} for name, row in rows.items()}}
+        for s in set_names
+    }
+    for s in sets:
+        if RECOMMENDED in rows:
+            sets[s]["recommended"] = sets[s][RECOMMENDED]
+    ablations = [
+        {"ablation": what, "without": a, "with": b,
+         "mean_int8": {a: rows[a]["mean"]["int8"], b: rows[b]["mean"]["int8"]},
+         "scifact_binary_gap": {n: rows[n]["scores"]["scifact"]["int8"] - rows[n]["scores"]["scifact"]["binary"]
+                                for n in (a, b)}}
+        for what, a, b in ABLATIONS if a in rows and b in rows
+    ]
+    merge_curve = rows.get(RECOMMENDED, {}).get("made")
+    return {
+        "command": " ".join(["python", *result.argv]),
+        "eval_max_length": args.eval_max_length,
+        "sets": sets,
+        "recommended": RECOMMENDED,
+        "recommended_config": "jobs/configs/minilm-general.yaml",
+        "merge_config": "jobs/configs/minilm-general-merge.yaml",
+        "rows": rows,
+        "missing_rows": [name for name in ROWS if name not in rows],
+        "ablations": ablations,
+        "merge_curve": merge_curve if merge_curve and "curve" in merge_curve else None,
+        "acceptance": acceptance(rows),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {ROWS}")
+    parser.add_argument("--work", default="/tmp/embedlib-bench/quality")
+    parser.add_argument("--eval-max-length", type=int, default=128)
+    parser.add_argument("--steps", type=int, help="optimizer steps per recipe (default: the config's epochs)")
+    parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
+    args = parser.parse_args()
+    wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = [r for r in wanted if r not in ROWS]
+    if unknown:
+        parser.error(f"--rows: unknown {unknown}; known {list(ROWS)}")
+    result = Result("quality_table")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    quora_source = next(s for s in load_config(str(CONFIG)).data.sources if s.kind == "q2q")
+    sets = eval_sets(heldout_dataset(quora_source))
+    measured = {}
+    for name in ROWS:
+        saved = work / f"row-{name}.json"
+        if name in wanted and not saved.exists():
+            started = time.time()
+            path, made = model_path(name, work, args)
+            scores = evaluate_model(name, path, sets, args)
+            entry = {"model": path, "made": made, "scores": scores, "mean": mean_over_sets(scores),
+                     "wall_s": round(time.time() - started, 1)}
+            saved.write_text(json.dumps(entry, indent=1))
+        if saved.exists():
+            measured[name] = json.loads(saved.read_text())
+    table = build_table(measured, args, result)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "quality_table.md").write_text(markdown(table))
+    (RESULTS / "quality_table.png").write_bytes(table_png(table))
+    curve_png = work / RECOMMENDED / "merge_sweep.png"
+    if curve_png.exists():
+        (RESULTS / "quality_table_merge_curve.png").write_bytes(curve_png.read_bytes())
+    result.write(table, top_level={k: table[k] for k in ("sets", "recommended_config")})
+    print(markdown(table))
+
+
+if __name__ == "__main__":
+    main()
