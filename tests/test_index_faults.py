@@ -22,6 +22,8 @@ from embedlib.errors import UserError, one_line
 from embedlib.index import build_index
 from embedlib.index.stall import PipelineStalledError
 
+pytestmark = pytest.mark.multinode
+
 ENCODER = "EncodeActor"
 DEADLINE_S = 120
 

@@ -21,7 +21,7 @@ from embedlib.data import SAMPLE_DATASET
 from embedlib.errors import UserError
 from embedlib.search.served import ServedIndex, ShardsUnavailableError
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.multinode, pytest.mark.timeout(600)]
 WORKER_NODES = ("node-0", "node-1")
 
 
