@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 import torch
 
 from embedlib.config import ConfigError, from_dict
-from embedlib.encoding.quantize import binary_straight_through, quantize_binary, unpack_binary
+from embedlib.encoding.quantize import binary_straight_through, quantize_binary
 from embedlib.objectives.contrastive import cosine_matrix, matryoshka, pair_loss, same_source_other_query
 from embedlib.training.config import MergeConfig, SourceConfig, TrainConfig
 from embedlib.training.merge import best_weight, lerp, sweep
@@ -131,7 +132,8 @@ def test_in_batch_negatives_stay_within_source_and_skip_the_same_query():
 def test_binary_straight_through_matches_the_served_codes_and_passes_gradients():
     x = torch.tensor([[0.3, -0.2, 0.0, 1.5, -2.0, 0.01, -0.7, 0.9]], requires_grad=True)
     codes = binary_straight_through(x)
-    served = unpack_binary(quantize_binary(x.detach()), 8)
+    bits = np.unpackbits(np.asarray(quantize_binary(x.detach())), axis=-1, count=8)
+    served = (bits * 2.0 - 1.0).astype(np.float32)  # the index's bits as ±1
     assert torch.equal(codes.detach(), torch.from_numpy(served))
     codes.backward(torch.arange(1.0, 9.0).unsqueeze(0))
     assert torch.equal(x.grad, torch.tensor([[1.0, 2, 3, 0, 0, 6, 7, 8]]))  # straight through where |x| <= 1
