@@ -74,9 +74,9 @@ def config_from_args(args: argparse.Namespace) -> IndexJobConfig:
     values.setdefault("input", str(SAMPLE_DATASET / "corpus.jsonl"))
     values.setdefault("output", DEFAULT_OUTPUT)
     cfg = IndexJobConfig.from_dict(values)
-    check_submitted_paths({"input": cfg.input, "output": cfg.output, "model": cfg.model})
     if cfg.model:
-        cfg.model = resolve_model(cfg.model)
+        cfg.model = resolve_model(cfg.model)  # the default model's name becomes its installed folder
+    check_submitted_paths({"input": cfg.input, "output": cfg.output, "model": cfg.model})
     return cfg
 
 

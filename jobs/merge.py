@@ -64,8 +64,8 @@ def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
 
 def merge(argv: list[str] | None) -> int:
     cfg = load_merge_config(parse_args(argv).config)
-    check_submitted_paths({"first": cfg.first, "second": cfg.second, "output": cfg.output})
     cfg.first, cfg.second = resolve_model(cfg.first), resolve_model(cfg.second)
+    check_submitted_paths({"first": cfg.first, "second": cfg.second, "output": cfg.output})
     from embedlib import storage
     from embedlib.training.merge import merge_checkpoints  # torch: once the config is valid
 
