@@ -203,18 +203,14 @@ def main() -> None:
 
     result = Result(args.name)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
-    import boto3
     import ray
-    from moto.server import ThreadedMotoServer
+    from s3_endpoint import start_s3_endpoint
 
     from embedlib.models.tiny import make_tiny_checkpoint
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    server = start_s3_endpoint(BUCKET)
     proxy = TcpProxy("127.0.0.1", server._server.server_port)
-    os.environ.update(AWS_ENDPOINT_URL=proxy.url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret",
-                      AWS_DEFAULT_REGION="us-east-1")
-    boto3.client("s3", endpoint_url=proxy.url).create_bucket(Bucket=BUCKET)
+    os.environ["AWS_ENDPOINT_URL"] = proxy.url  # every S3 request goes through the proxy, which the bench cuts
     work = Path(tempfile.mkdtemp(prefix="chaos-index-"))
     model = str(make_tiny_checkpoint(work / "tiny-bert", "bert"))
     ids, texts = corpus(args.docs)
