@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from index_scale import corpus, read_back_ids, write_corpus  # noqa: E402
+from index_scale import add_child_arguments, corpus, read_back_ids, write_corpus  # noqa: E402
 from local_cluster import add_worker_node, live_actors, local_cluster  # noqa: E402
 from result_file import Result  # noqa: E402
 from tcp_proxy import TcpProxy  # noqa: E402
@@ -192,10 +192,7 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=1024)
     parser.add_argument("--max-restarts", type=int, default=8, help="encoder actor restarts and batch retries")
     parser.add_argument("--name", default="chaos_index")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--input", help=argparse.SUPPRESS)
-    parser.add_argument("--output", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    add_child_arguments(parser)
     args = parser.parse_args()
     if args.child:
         build_once(args)

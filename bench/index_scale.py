@@ -205,6 +205,14 @@ def start_environment(object_store_mb: int, prefix: str = "index-scale-") -> tup
     return server, model, dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
 
 
+def add_child_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hidden flags of a bench's build driver, run as a child process of the bench (``--child``)."""
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--input", help=argparse.SUPPRESS)
+    parser.add_argument("--output", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="300000,1000000,3000000")
@@ -213,10 +221,7 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=8192)
     parser.add_argument("--object-store-mb", type=int, default=2000)
     parser.add_argument("--name", default="index_scale")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--input", help=argparse.SUPPRESS)
-    parser.add_argument("--output", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    add_child_arguments(parser)
     args = parser.parse_args()
     if args.child:
         build_once(args)
