@@ -21,7 +21,6 @@ documents lost and duplicated (every shard read back), the documents encoded mor
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -38,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from index_scale import add_child_arguments, corpus, read_back_ids, write_corpus  # noqa: E402
+from build_driver import driver_command, parse_result  # noqa: E402
+from index_scale import corpus, read_back_ids, write_corpus  # noqa: E402
 from local_cluster import add_worker_node, live_actors, local_cluster  # noqa: E402
 from result_file import Result  # noqa: E402
 from tcp_proxy import TcpProxy  # noqa: E402
@@ -53,35 +53,18 @@ NODE_REPLACED_AFTER_S = 2.0
 NODE_CPUS = 2
 
 
-def build_once(args: argparse.Namespace) -> None:
-    """Child process: one build connected to the cluster; prints its summary as one JSON line."""
-    import ray
-
-    from embedlib.index import IndexJobConfig, build_index
-
-    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-    summary = build_index(IndexJobConfig(
-        input=args.input, output=args.output, model=args.model, shard_size=args.shard_size,
-        batch_rows=args.batch_rows, actors=2, cpus_per_actor=0.25, actor_resources={ENCODER_RESOURCE: 0.5},
-        max_actor_restarts=args.max_restarts, max_task_retries=args.max_restarts, stall_timeout_s=120,
-        show_progress=False))
-    print("RESULT " + json.dumps({"docs_in": summary.docs_in, "embedded": summary.embedded,
-                                  "carried_over": summary.carried_over, "redone": summary.redone,
-                                  "version": summary.version, "published": summary.published}), flush=True)
-
-
 def start_driver(args: argparse.Namespace, input_url: str, output: str, model: str, env: dict,
                  log: Path) -> subprocess.Popen:
-    command = [sys.executable, __file__, "--child", "--input", input_url, "--output", output, "--model", model,
-               "--shard-size", str(args.shard_size), "--batch-rows", str(args.batch_rows),
-               "--max-restarts", str(args.max_restarts)]
+    command = driver_command(
+        input=input_url, output=output, model=model, shard_size=args.shard_size, batch_rows=args.batch_rows,
+        actors=2, cpus_per_actor=0.25, actor_resources={ENCODER_RESOURCE: 0.5}, stall_timeout_s=120,
+        max_actor_restarts=args.max_restarts, max_task_retries=args.max_restarts)
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=open(log, "a"), text=True,
                             start_new_session=True)
 
 
 def driver_result(driver: subprocess.Popen) -> dict | None:
-    lines = [line for line in driver.stdout.read().splitlines() if line.startswith("RESULT ")]
-    return json.loads(lines[-1][len("RESULT "):]) if lines else None
+    return parse_result(driver.stdout.read())
 
 
 def schedule(count: int, seconds: float, seed: int) -> list[dict]:
@@ -192,12 +175,7 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=1024)
     parser.add_argument("--max-restarts", type=int, default=8, help="encoder actor restarts and batch retries")
     parser.add_argument("--name", default="chaos_index")
-    add_child_arguments(parser)
     args = parser.parse_args()
-    if args.child:
-        build_once(args)
-        return
-
     result = Result(args.name)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     import ray

@@ -17,11 +17,9 @@ import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from build_driver import driver_command, parse_result  # noqa: E402
 from result_file import Result  # noqa: E402
 
 WORDS = np.array(("index shard vector search query model token corpus storage object embed recall cluster node "
@@ -91,51 +90,20 @@ class MemorySampler(threading.Thread):
             self.stop.wait(1.0)
 
 
-def peak_rss_bytes() -> int:
-    """This process's own peak RSS since it started (``VmHWM``). Not ``ru_maxrss``: Linux carries that over
-    from the parent across fork and exec, so a child of this bench would report the bench's corpus too."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def build_once(args: argparse.Namespace) -> None:
-    """Child process: one build; prints its figures as one JSON line."""
-    import ray
-
-    from embedlib.index import IndexJobConfig, build_index
-
-    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-    started = time.perf_counter()
-    summary = build_index(IndexJobConfig(input=args.input, output=args.output, model=args.model,
-                                         shard_size=args.shard_size, batch_rows=args.batch_rows,
-                                         show_progress=False))
-    seconds = time.perf_counter() - started
-    print("RESULT " + json.dumps({
-        "docs_in": summary.docs_in, "embedded": summary.embedded, "carried_over": summary.carried_over,
-        "rejected": summary.rejected, "shards": summary.shards, "version": summary.version,
-        "bytes_per_doc": round(summary.bytes_per_doc, 1), "seconds": round(seconds, 1),
-        "encode_seconds": round(summary.encode_seconds, 1),
-        "us_per_doc": round(1e6 * seconds / max(summary.docs_in, 1), 1),
-        "driver_peak_rss_bytes": peak_rss_bytes(),
-    }), flush=True)
-
-
 def run_build(input_url: str, output: str, model: str, args: argparse.Namespace, env: dict) -> dict:
     """One build in a fresh driver process; the object store is sampled from this process meanwhile, so the
     driver's peak RSS is the build's alone."""
-    command = [sys.executable, __file__, "--child", "--input", input_url, "--output", output, "--model", model,
-               "--shard-size", str(args.shard_size), "--batch-rows", str(args.batch_rows)]
+    command = driver_command(input=input_url, output=output, model=model, shard_size=args.shard_size,
+                             batch_rows=args.batch_rows)
     sampler = MemorySampler()
     sampler.start()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     sampler.stop.set()
     sampler.join()
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode or not lines:
+    figures = parse_result(done.stdout)
+    if done.returncode or figures is None:
         raise SystemExit(f"build failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):]) | {"object_store_peak_bytes": int(sampler.peak_store),
+    return figures | {"object_store_peak_bytes": int(sampler.peak_store),
                                                      "spilled_bytes": int(sampler.spilled)}
 
 
@@ -195,22 +163,16 @@ def start_environment(object_store_mb: int, prefix: str = "index-scale-") -> tup
     import ray
     from s3_endpoint import start_s3_endpoint
 
+    from embedlib.local_ray import keep_idle_workers
     from embedlib.models.tiny import make_tiny_checkpoint
 
     server = start_s3_endpoint(BUCKET)
     work = Path(tempfile.mkdtemp(prefix=prefix))
     model = str(make_tiny_checkpoint(work / "tiny-bert", "bert"))
+    keep_idle_workers()
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
              object_store_memory=object_store_mb * 2**20, _temp_dir=str(work / "ray"))
     return server, model, dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
-
-
-def add_child_arguments(parser: argparse.ArgumentParser) -> None:
-    """The hidden flags of a bench's build driver, run as a child process of the bench (``--child``)."""
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--input", help=argparse.SUPPRESS)
-    parser.add_argument("--output", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
 
 
 def main() -> None:
@@ -221,12 +183,7 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=8192)
     parser.add_argument("--object-store-mb", type=int, default=2000)
     parser.add_argument("--name", default="index_scale")
-    add_child_arguments(parser)
     args = parser.parse_args()
-    if args.child:
-        build_once(args)
-        return
-
     result = Result(args.name)
     import ray
 

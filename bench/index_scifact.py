@@ -3,6 +3,7 @@
     python bench/index_scifact.py                      # whole SciFact corpus (5,183 docs), MiniLM, int8
     python bench/index_scifact.py --docs 1000          # quicker (throughput only is meaningful then)
     python bench/index_scifact.py --actors 2           # two encoder actors, each with half the cores
+    python bench/index_scifact.py --actors 2 --batch-rows 256   # smaller batches: a shorter tail on 2 actors
 
 Prints and writes to ``bench/results/index_scifact.json``: (1) throughput: docs/s of the encode step (read ->
 check -> encoder actor pool -> staging parts, actor start-up and model load included) and of the
@@ -33,6 +34,7 @@ from embedlib.encoding.formats import cosine_similarity
 from embedlib.eval.beir import load_beir
 from embedlib.eval.metrics import evaluate_run, run_from_hits
 from embedlib.index import IndexJobConfig, ShardedIndex, build_index
+from embedlib.local_ray import keep_idle_workers
 from embedlib.search.multivector import top_k
 
 SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
@@ -46,9 +48,9 @@ def write_corpus(dataset, ids: list[str], folder: Path) -> str:
     return str(path)
 
 
-def pipeline(corpus: str, output: str, model: str, shard_size: int, actors: int) -> tuple[float, object]:
-    summary = build_index(IndexJobConfig(input=corpus, output=output, model=model, shard_size=shard_size,
-                                         actors=actors, show_progress=False))
+def pipeline(corpus: str, output: str, model: str, args: argparse.Namespace) -> tuple[float, object]:
+    summary = build_index(IndexJobConfig(input=corpus, output=output, model=model, shard_size=args.shard_size,
+                                         actors=args.actors, batch_rows=args.batch_rows, show_progress=False))
     return summary.embedded / summary.encode_seconds, summary
 
 
@@ -61,27 +63,31 @@ def main() -> None:
     parser.add_argument("--docs", type=int, help="only the first N documents")
     parser.add_argument("--shard-size", type=int, default=1000)
     parser.add_argument("--actors", type=int, default=1, help="encoder actors (each gets cores / actors threads)")
+    parser.add_argument("--batch-rows", type=int, default=IndexJobConfig.batch_rows,
+                        help="rows per encoder batch (one staging part each)")
     args = parser.parse_args()
     name = "index_scifact" + (f"_{args.docs}" if args.docs else "") + (f"_actors{args.actors}" if args.actors > 1 else "")
+    name += f"_batch{args.batch_rows}" if args.batch_rows != IndexJobConfig.batch_rows else ""
     result = Result(name)
 
     dataset = load_beir(args.data)
     ids = dataset.doc_ids()[: args.docs]
     texts = dataset.doc_texts()[: len(ids)]
+    keep_idle_workers()
     ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         corpus = write_corpus(dataset, ids, tmp)
         (tmp / "warm").mkdir()
         warm = write_corpus(dataset, ids[:50], tmp / "warm")
-        pipeline(warm, str(tmp / "warm-index"), args.model, args.shard_size, args.actors)  # starts Ray's worker processes
+        pipeline(warm, str(tmp / "warm-index"), args.model, args)  # starts Ray's worker processes
 
         encoder = Encoder.from_pretrained(args.model)
         t = time.perf_counter()
         doc_vectors = encoder.encode(texts, quantization="int8", show_progress=True)
         single_rate = len(texts) / (time.perf_counter() - t)
 
-        pipeline_rate, summary = pipeline(corpus, str(tmp / "index"), args.model, args.shard_size, args.actors)
+        pipeline_rate, summary = pipeline(corpus, str(tmp / "index"), args.model, args)
         print(summary)
         print(
             f"throughput ({len(ids)} docs, {Path(args.model).name}, int8, {args.actors} encoder actor(s), this "
@@ -111,6 +117,7 @@ def main() -> None:
               f"(overhead {summary.bytes_per_doc - width:.1f} bytes/doc over the vector)")
         result.write({
             "docs": len(ids), "model": Path(args.model).name, "quantization": "int8", "actors": args.actors,
+            "batch_rows": args.batch_rows,
             "pipeline_encode_docs_per_s": round(pipeline_rate, 2), "single_process_docs_per_s": round(single_rate, 2),
             "throughput_ratio": round(pipeline_rate / single_rate, 3),
             "whole_job_docs_per_s": round(summary.docs_per_second, 2), "job_seconds": round(summary.seconds, 1),

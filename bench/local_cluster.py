@@ -18,6 +18,9 @@ MiB = 1024 * 1024
 def start_local_cluster(worker_nodes: int = 2, head_cpus: float = 1, worker_cpus: float = 1,
                         object_store_mib: int = 100, worker_resources: dict | None = None) -> Cluster:
     """Head plus ``worker_nodes`` workers; each worker node also carries the custom resource ``{"node-<i>": 1}``."""
+    from embedlib.local_ray import keep_idle_workers
+
+    keep_idle_workers()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": head_cpus, "object_store_memory": object_store_mib * MiB,

@@ -101,6 +101,10 @@ def s3_bucket(s3_endpoint, request) -> str:
 def init_single_node_ray():
     import ray
 
+    from embedlib.local_ray import keep_idle_workers
+
+    keep_idle_workers()
+
     # address="local": a Ray of its own, even when another process's ``ray start`` cluster is running here
     # (``ray.init()`` would join the one named in /tmp/ray/ray_current_cluster)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)

@@ -117,31 +117,27 @@ def test_s3_corpus_to_s3_index_every_id_once_and_no_credentials(ray_cluster, s3_
     assert not any(s in str(summary) for s in secrets)
 
 
-def test_sharded_flat_search_equals_unsharded(ray_cluster, tmp_path, model):
+def test_sharded_flat_search_equals_exact_search(ray_cluster, tmp_path, model):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", cranfield_rows(240))
     output = str(tmp_path / "index")
     build_index(config(corpus, output, model, shard_size=50))
-    resharded = build_index(config(corpus, output, model, shard_size=10_000))  # same vectors, carried over
-    assert (resharded.embedded, resharded.carried_over) == (0, 240)
-    sharded, single = ShardedIndex.open(tmp_path / "index" / "v000001"), ShardedIndex.open(output)
-    assert len(sharded.manifest["shards"]) == 5 and len(single.manifest["shards"]) == 1
+    sharded = ShardedIndex.open(output)
+    assert len(sharded.manifest["shards"]) == 5
     assert not list((tmp_path / "index").rglob("*.faiss"))  # flat int8 shards are scanned: no FAISS file
     queries = [q["text"] for q in map(json.loads, open(SAMPLE_DATASET / "queries.jsonl"))][:20]
-    s_found, u_found = sharded.search(queries, k=10), single.search(queries, k=10)
-    s_ids, u_ids = s_found.ids, u_found.ids
-    assert s_ids == u_ids
-    np.testing.assert_allclose(s_found.scores, u_found.scores, rtol=1e-6)
+    found = sharded.search(queries, k=10)
 
-    # Exact cosine of the int8 vectors, computed directly: the index returns exactly that ranking.
+    # Exact cosine of every shard's int8 vectors, computed directly: the index returns exactly that ranking.
     table = pa.concat_tables(shard_tables(output))
     vectors = column_matrix(table.column("vector"), np.int8)
-    exact = cosine_similarity(single.encode_queries(queries), vectors)
+    exact = cosine_similarity(sharded.encode_queries(queries), vectors)
     expected = np.argsort(-exact, axis=1, kind="stable")[:, :10]
     doc_ids = table.column("id").to_pylist()
-    assert u_ids == [[doc_ids[i] for i in row] for row in expected]
+    assert found.ids == [[doc_ids[i] for i in row] for row in expected]
+    np.testing.assert_allclose(found.scores, np.take_along_axis(exact, expected, axis=1), rtol=1e-5)
 
-    remote = ShardedIndex.open(tmp_path / "index" / "v000001", use_ray=True)
-    assert remote.search(queries, k=10).ids == s_ids
+    remote = ShardedIndex.open(output, use_ray=True)  # shards served by Ray actors answer the same
+    assert remote.search(queries, k=10).ids == found.ids
 
 
 def test_incremental_run_reencodes_only_changed_docs(ray_cluster, tmp_path, model):
@@ -169,42 +165,58 @@ def test_incremental_run_reencodes_only_changed_docs(ray_cluster, tmp_path, mode
     assert sorted(p.name for p in (tmp_path / "index").glob("v0*")) == ["v000001", "v000002"]
 
 
-@pytest.mark.parametrize("kill_at", ["encode:0.3", "encode:0.7", "publish"])
-def test_killed_driver_reruns_resume_and_publish_once(ray_cluster, tmp_path, model, kill_at):
-    """The driver is killed at 30% or 70% of encoding, or between the version's manifest and the root's:
-    the rerun encodes only what no finished part holds and publishes version 1, once."""
+def kill_driver_at(point: str, docs: int, tmp_path: Path, corpus: str, output: Path, model: Path) -> None:
+    """Run ``jobs/index.py`` in a driver that SIGKILLs itself at ``point`` (``tests/driver_killed_at.py``)."""
     import ray
 
-    rows = cranfield_rows(400)
-    corpus = write_jsonl(tmp_path / "corpus.jsonl", rows)
-    output = tmp_path / "index"
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
     job = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "driver_killed_at.py"), kill_at, str(len(rows)), "--",
+        [sys.executable, str(ROOT / "tests" / "driver_killed_at.py"), point, str(docs), "--",
          "--input", corpus, "--output", str(output), "--model", str(model), "--no-progress",
          "--config", str(write_yaml(tmp_path, batch_rows=8))],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert job.returncode == -signal.SIGKILL, job.stderr[-3000:]
-    assert not (output / "manifest.json").exists()
+
+
+def test_killed_driver_reruns_resume_and_publish_once(ray_cluster, tmp_path, model):
+    """The driver is killed at 30% of encoding, its rerun at half of what was left, and a later build between
+    the version's manifest and the root's: each rerun encodes only what no finished part holds, and every
+    version is published once."""
+    rows = cranfield_rows(160)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", rows)
+    output = tmp_path / "index"
     staging = output / "_staging"
+
+    kill_driver_at("encode:0.3", len(rows), tmp_path, corpus, output, model)
+    assert not (output / "manifest.json").exists()
+    first_kill = settled_rows(staging)
+    assert 0.3 * len(rows) <= first_kill <= len(rows)
+    kill_driver_at("encode:0.5", len(rows) - first_kill, tmp_path, corpus, output, model)  # the rerun is killed too
+    assert not (output / "manifest.json").exists()
     finished = settled_rows(staging)
-    fraction = 1.0 if kill_at == "publish" else float(kill_at.split(":")[1])
-    assert fraction * len(rows) <= finished <= len(rows)
+    assert first_kill + 0.5 * (len(rows) - first_kill) <= finished <= len(rows)
 
     summary = build_index(config(corpus, str(output), model, batch_rows=8))
-    # Killed while publishing, the run may have left its version folder; a version number is never used twice
-    # (a stalled holder could still be writing there), so the rerun publishes the next one, once.
-    first = 2 if kill_at == "publish" and (output / "v000001").exists() else 1
-    assert (summary.published, summary.version) == (True, first)
+    assert (summary.published, summary.version) == (True, 1)
     assert summary.carried_over == finished and summary.embedded == len(rows) - finished
     assert sorted(all_ids(str(output))) == sorted(r["_id"] for r in rows)
-    assert json.loads((output / "manifest.json").read_text())["version"] == first
     assert not staging.exists() or not list(staging.rglob("*.parquet"))
-    if kill_at == "publish":  # the killed run had written the whole version: nothing is built again
-        assert summary.redone == 0
+
+    # Killed while publishing: the version's folder and manifest are written, the root manifest is not.
+    edited = [dict(r, text=r["text"] + " revised") for r in rows[:10]] + rows[10:]
+    corpus = write_jsonl(tmp_path / "edited.jsonl", edited)
+    kill_driver_at("publish", 0, tmp_path, corpus, output, model)
+    assert json.loads((output / "manifest.json").read_text())["version"] == 1
+    # A version number is never used twice (a stalled holder could still be writing there): the rerun publishes
+    # the next one, once, and builds nothing again.
+    expected = 3 if (output / "v000002").exists() else 2
+    summary = build_index(config(corpus, str(output), model, batch_rows=8))
+    assert (summary.published, summary.version, summary.redone, summary.embedded) == (True, expected, 0, 0)
+    assert summary.carried_over == len(rows)
+    assert sorted(all_ids(str(output))) == sorted(r["_id"] for r in edited)
     again = build_index(config(corpus, str(output), model, batch_rows=8))
-    assert (again.published, again.version) == (False, first)
+    assert (again.published, again.version) == (False, expected)
 
 
 def settled_rows(staging: Path, quiet_seconds: float = 3.0) -> int:
@@ -241,10 +253,10 @@ def test_empty_or_missing_input_fails_naming_the_url(ray_cluster, tmp_path, mode
         build_index(config(str(empty), str(tmp_path / "c"), model, quantization="int4"))
 
 
-# Two index types per quantization, the second built from the first's carried-over vectors (int8 flat is what
-# every other test builds).
+# Each quantization with a FAISS index type; for int8 a second type is built from the first's carried-over vectors
+# (int8 flat is what every other test builds, binary flat the evaluation job's published-index test).
 @pytest.mark.parametrize(("quantization", "index_types"),
-                         [("int8", ["ivf", "hnsw"]), ("binary", ["flat", "hnsw"]), ("float", ["flat", "ivf"])])
+                         [("int8", ["ivf", "hnsw"]), ("binary", ["hnsw"]), ("float", ["ivf"])])
 def test_parquet_input_index_types(ray_cluster, tmp_path, tiny_models, quantization, index_types):
     rows = cranfield_rows(160)
     table = pa.table({"doc": [r["_id"] for r in rows], "body": [r["text"] for r in rows]})

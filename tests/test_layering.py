@@ -15,7 +15,7 @@ import embedlib
 ROOT = Path(embedlib.__file__).parent
 # Package -> its place in the stack; the shared ground is 0.
 STACK = {
-    "errors": 0, "config": 0, "storage": 0, "data": 0, "submitted": 0, "provenance": 0,
+    "errors": 0, "config": 0, "storage": 0, "data": 0, "submitted": 0, "provenance": 0, "local_ray": 0,
     "models": 1,
     "encoding": 2,
     "index": 3, "search": 3,

@@ -273,22 +273,20 @@ def test_resume_refuses_a_checkpoint_with_a_planted_pickle(ray_cluster, tiny_mod
     rows = text_rows([shared_data / "text" / "tinyshakespeare.txt"], chars_per_row=200)[:16]
     write_rows(rows, str(tmp_path / "text.jsonl"))
     values = tiny_pretrain_values(tiny_models["qwen3-causal"], tmp_path, "planted", max_steps=1)
-    train(from_dict(TrainConfig, values))
-    # A clean resume reads every file of a real ZeRO-2 checkpoint (optimizer states included) weights-only.
-    clean = train(from_dict(TrainConfig, values | {"max_steps": 2}))
-    assert [row.get("resumed_from_step") for row in clean.history] == [None, 1]
-    model_states = sorted(Path(clean.checkpoint).rglob("mp_rank_00_model_states.pt"))
+    # (A clean resume from a real ZeRO-2 checkpoint, read weights-only: test_training_ray.py's killed worker.)
+    first = train(from_dict(TrainConfig, values))
+    model_states = sorted(Path(first.checkpoint).rglob("mp_rank_00_model_states.pt"))
     assert len(model_states) == 1
     marker = tmp_path / "code-ran"
     plant(model_states[0], marker)
 
     try:
-        resumed = train(from_dict(TrainConfig, values | {"max_steps": 3}))  # resumes from the planted checkpoint
+        resumed = train(from_dict(TrainConfig, values | {"max_steps": 2}))  # resumes from the planted checkpoint
     except Exception as err:  # noqa: BLE001 - Ray Train wraps the worker's error in its own
         error = err
     else:
         error = None
-        assert resumed.history[-1].get("resumed_from_step") == 2  # it did resume from the planted checkpoint
+        assert resumed.history[-1].get("resumed_from_step") == 1  # it did resume from the planted checkpoint
     assert not marker.exists(), "the planted pickle ran on resume"
     assert error is not None, "resuming from a checkpoint with a planted pickle did not fail"
     planted = re.escape(f"{model_states[0]}: not loaded: it holds io.open")  # named where it is stored

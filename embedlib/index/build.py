@@ -46,6 +46,7 @@ from embedlib.index.plan import (
 )
 from embedlib.index.reading import InputError, read_rows
 from embedlib.index.stall import rows_or_stall
+from embedlib.local_ray import keep_idle_workers
 
 SHUFFLE_ACTOR_CPUS = 0.05
 MIN_KEPT_FRACTION = 0.5  # a new version with fewer of the current version's documents needs ``allow_shrink``
@@ -67,6 +68,7 @@ def ensure_ray() -> None:
     """Connect to the cluster (``RAY_ADDRESS``, as under ``ray job submit``) or start a local Ray without the
     dashboard (a one-off local run does not need it; Ray ignores the flag when it connects to a cluster)."""
     if not ray.is_initialized():
+        keep_idle_workers()  # for a Ray started here; a cluster joined keeps its own setting
         ray.init(ignore_reinit_error=True, include_dashboard=False)
 
 

@@ -281,33 +281,25 @@ def read_rows(cfg: IndexJobConfig, files: list[str]) -> ray.data.Dataset:
     """A Ray dataset of the checked rows (``ROW_COLUMNS``) of ``files``, the input's files as the plan listed
     (and snapshotted) them."""
     fmt = input_format(cfg, files)
-    filesystem = ray_filesystem(cfg.input)
-    def row_format(default_id: str) -> RowFormat:
-        return RowFormat(cfg.id_column or default_id, cfg.text_column, cfg.title_column, cfg.max_text_chars,
-                         cfg.batch_rows)
-
+    default_id = "_id" if fmt == "jsonl" else "id"
+    rows = RowFormat(cfg.id_column or default_id, cfg.text_column, cfg.title_column, cfg.max_text_chars,
+                     cfg.batch_rows)
     try:
-        if fmt == "jsonl":
-            ds = ray.data.read_binary_files(files, include_paths=True, filesystem=filesystem,
-                                            num_cpus=READ_CPUS)
-            ds = ds.map_batches(
-                parse_jsonl_files,
-                batch_size=1,
-                batch_format="numpy",
-                num_cpus=READ_CPUS,
-                max_retries=cfg.max_task_retries,  # a read lost with its node is redone
-                fn_kwargs=dict(rows=row_format("_id")),
-            )
-        else:
-            ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
-            ds = ds.map_batches(
-                parse_parquet_files,
-                batch_size=1,
-                batch_format="numpy",
-                num_cpus=READ_CPUS,
-                max_retries=cfg.max_task_retries,  # a read lost with its node is redone
-                fn_kwargs=dict(rows=row_format("id"), filesystem_url=cfg.input),
-            )
+        if fmt == "jsonl":  # one task reads one file's bytes; the parse below cuts them into rows
+            files_ds = ray.data.read_binary_files(files, include_paths=True, filesystem=ray_filesystem(cfg.input),
+                                                  num_cpus=READ_CPUS)
+            parse, parse_kwargs = parse_jsonl_files, dict(rows=rows)
+        else:  # one task reads one parquet file, by its path
+            files_ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+            parse, parse_kwargs = parse_parquet_files, dict(rows=rows, filesystem_url=cfg.input)
+        ds = files_ds.map_batches(
+            parse,
+            batch_size=1,
+            batch_format="numpy",
+            num_cpus=READ_CPUS,
+            max_retries=cfg.max_task_retries,  # a read lost with its node is redone
+            fn_kwargs=parse_kwargs,
+        )
     except Exception as err:  # noqa: BLE001 - reader set-up failures are reported with the URL
         raise InputError(f"{storage.redact_url(cfg.input)}: cannot read input "
                          f"({storage.error_text(err, cfg.input)})") from None

@@ -4,10 +4,10 @@ Stock transformers builds a causal mask for decoder models whatever the config s
 model needs both halves: ``is_causal=False`` on every attention layer (used by SDPA/flash kernels when no
 explicit mask is passed) and an explicit padding-only mask built with ``create_bidirectional_mask``.
 
-The classes are registered with ``AutoConfig``/``AutoModel`` under their own ``model_type`` when embedlib is
-imported, so checkpoints saved by embedlib (and the published pplx-embed-v1 family, whose
-``model_type`` is ``bidirectional_pplx_qwen3``) load with ``trust_remote_code`` off, also through
-``sentence_transformers``.
+The classes are registered with ``AutoConfig``/``AutoModel`` under their own ``model_type`` when this module is
+imported (``Encoder`` and the model loaders import it), so checkpoints saved by embedlib (and the published
+pplx-embed-v1 family, whose ``model_type`` is ``bidirectional_pplx_qwen3``) load with ``trust_remote_code`` off,
+also through ``sentence_transformers`` once ``embedlib.models.bidirectional`` is imported.
 """
 
 from __future__ import annotations
