@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_cluster import add_worker_node, local_cluster, node_named  # noqa: E402
 from result_file import Result  # noqa: E402
 
+from embedlib.search.results import SearchResult  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,7 +51,7 @@ def build(folder: Path, docs: int, shards: int) -> str:
     return output
 
 
-def trial(cluster, index, queries: np.ndarray, expected) -> dict:
+def trial(cluster, index, queries: np.ndarray, expected: SearchResult) -> dict:
     placement = index.placement()
     counts = Counter(placement)
     name = max(("node-0", "node-1"), key=lambda n: counts[node_named(cluster, n).node_id])
@@ -57,11 +59,11 @@ def trial(cluster, index, queries: np.ndarray, expected) -> dict:
     moved = counts[node.node_id]
     removed = time.monotonic()
     cluster.remove_node(node)
-    scores, ids = index.search(queries, k=10)
+    found = index.search(queries, k=10)
     waited = time.monotonic() - removed
     add_worker_node(cluster, name)
     return {"shards_moved": moved, "of_shards": len(placement), "query_waited_s": round(waited, 2),
-            "identical": ids == expected[1] and bool(np.array_equal(scores, expected[0]))}
+            "identical": found.ids == expected.ids and bool(np.array_equal(found.scores, expected.scores))}
 
 
 def main(argv: list[str] | None = None) -> int:

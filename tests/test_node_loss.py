@@ -59,7 +59,7 @@ def test_served_search_answers_the_same_after_losing_a_node(multinode_cluster, s
     index = served
     texts = [q["text"] for q in map(json.loads, open(SAMPLE_DATASET / "queries.jsonl"))][:8]
     queries = index.encode_queries(texts)
-    scores, ids = index.search(queries, k=10)
+    before = index.search(queries, k=10)
     placement = index.placement()
     assert len(set(placement)) >= 2  # spread over nodes
     name, node = worker_node_with(multinode_cluster, placement)
@@ -67,12 +67,12 @@ def test_served_search_answers_the_same_after_losing_a_node(multinode_cluster, s
 
     removed = time.monotonic()
     multinode_cluster.remove_node(node)
-    during_scores, during_ids = index.search(queries, k=10)  # waits while the lost shards are re-placed
+    during = index.search(queries, k=10)  # waits while the lost shards are re-placed
     recovery_s = time.monotonic() - removed
     add_worker_node(multinode_cluster, name)  # the fixture's cluster is whole again for the next test
 
-    assert during_ids == ids
-    np.testing.assert_array_equal(during_scores, scores)
+    assert during.ids == before.ids
+    np.testing.assert_array_equal(during.scores, before.scores)
     moved = index.placement()
     assert all(moved[i] != node.node_id for i in lost)
     print(f"served search: {len(lost)} of {len(placement)} shards re-placed, answered after {recovery_s:.1f} s")
