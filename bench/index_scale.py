@@ -103,8 +103,7 @@ def run_build(input_url: str, output: str, model: str, args: argparse.Namespace,
     figures = parse_result(done.stdout)
     if done.returncode or figures is None:
         raise SystemExit(f"build failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return figures | {"object_store_peak_bytes": int(sampler.peak_store),
-                                                     "spilled_bytes": int(sampler.spilled)}
+    return figures | {"object_store_peak_bytes": int(sampler.peak_store), "spilled_bytes": int(sampler.spilled)}
 
 
 def read_back_ids(output: str) -> list[str]:

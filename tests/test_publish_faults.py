@@ -138,7 +138,7 @@ def published_versions(index: str) -> list[int]:
                   if fs.exists(f"{path.rstrip('/')}/{manifests.MANIFEST}"))
 
 
-# Whole builds race on S3 only: the lease itself races on both stores above, and a build costs a minute.
+# Whole builds race on S3 only: the lease itself races on both stores above, and two builds cost 20 s.
 @pytest.mark.parametrize("root", ["s3"], indirect=True)
 def test_two_builds_started_together_publish_one_version_and_the_loser_says_why(
     ray_cluster, root, tiny_models
