@@ -8,8 +8,8 @@
 Prints and writes to ``bench/results/index_scifact.json``: (1) throughput: docs/s of the encode step (read ->
 check -> encoder actor pool -> staging parts, actor start-up and model load included) and of the
 single-process loop (run just before and just after the pipeline, its rate over both passes: the machine's
-speed drifts by several percent between minutes), and their ratio; (2) quality: nDCG@10 of the published index searched through
-``ShardedIndex`` vs the in-memory exact result (int8 docs and queries, cosine, top-10 by numpy); (3) bytes
+speed drifts by several percent between minutes), and their ratio; (2) quality: nDCG@10 of the published index
+searched through ``ShardedIndex`` vs the in-memory exact result (int8 docs and queries, cosine, top-10 by numpy); (3) bytes
 per document of the published shards against the vector width.
 """
 

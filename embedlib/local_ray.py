@@ -10,15 +10,13 @@ its environment (README, "Clusters").
 
 from __future__ import annotations
 
-import math
 import os
 
 IDLE_WORKERS_ENV = "RAY_num_workers_soft_limit"
 MIN_IDLE_WORKERS = 8
 
 
-def keep_idle_workers(num_cpus: float | None = None) -> None:
+def keep_idle_workers() -> None:
     """Let a Ray started after this call (by this process or its children) keep ``MIN_IDLE_WORKERS`` idle
-    workers per node, or one per CPU where there are more CPUs; a value already in the environment wins."""
-    cpus = math.ceil(num_cpus or os.cpu_count() or 1)
-    os.environ.setdefault(IDLE_WORKERS_ENV, str(max(MIN_IDLE_WORKERS, cpus)))
+    workers per node, or one per core where this machine has more; a value already in the environment wins."""
+    os.environ.setdefault(IDLE_WORKERS_ENV, str(max(MIN_IDLE_WORKERS, os.cpu_count() or 1)))
