@@ -12,7 +12,8 @@ jobs/configs/minilm-general-merge.yaml):
 - ``multi-merged`` (recommended): ``multi`` SLERP-merged with the base, the weight chosen on held-out dev queries;
 - ``single``: the same recipe, steps and objective on SciFact train alone (single- vs multi-source);
 - ``multi-nobinary``: ``multi`` without the binary term (with / without binary);
-- ``multi-nobinary-merged``: that model merged at the weight chosen for ``multi``.
+- ``multi-nobinary-merged``: that model merged at the weight chosen for ``multi``;
+- ``multi-nfnegtop``: ``multi`` with NFCorpus's BM25 negatives taken from the top of the ranking.
 
 Training runs in this process (``bench/train_common.plain_loop``: the same stage module and optimiser as the
 Ray Train runner, which ``jobs/train.py`` drives with the same YAML). Every model's float embeddings of each
@@ -24,6 +25,7 @@ measured row: ``bench/results/quality_table.{json,md,png}`` (+ the merge curve P
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -41,7 +43,7 @@ from train import prepare_mixture  # noqa: E402
 from train_common import plain_loop  # noqa: E402
 
 from embedlib.data import default_model_path, resolve_model  # noqa: E402
-from embedlib.eval.beir import BeirDataset, load_beir  # noqa: E402
+from embedlib.eval.beir import BeirDataset, load_beir, read_records  # noqa: E402
 from embedlib.eval.run import evaluate_systems  # noqa: E402
 from embedlib.eval.systems import DenseSystem, ModelEmbeddings  # noqa: E402
 from embedlib.training.config import load_config, load_merge_config  # noqa: E402
@@ -53,18 +55,21 @@ CONFIG = ROOT / "jobs" / "configs" / "minilm-general.yaml"
 MERGE_CONFIG = ROOT / "jobs" / "configs" / "minilm-general-merge.yaml"
 QUANTIZATIONS = ("float", "int8", "binary")
 RECOMMENDED = "multi-merged"
-ROWS = ("base", "multi", "multi-merged", "single", "multi-nobinary", "multi-nobinary-merged")
-# Trained rows: overrides of the recommended config ("sources": the names of its sources kept).
+ROWS = ("base", "multi", "multi-merged", "single", "multi-nobinary", "multi-nobinary-merged", "multi-nfnegtop")
+# Trained rows: overrides of the recommended config ("sources": the names of its sources kept; "source_fields":
+# fields set on one source).
 RECIPES = {
     "multi": {},
     "single": {"sources": ["scifact"]},
     "multi-nobinary": {"binary_weight": 0.0},
+    "multi-nfnegtop": {"source_fields": {"nfcorpus": {"negatives_skip_top": 0}}},
 }
 ABLATIONS = [
     ("single- vs multi-source (no merge)", "single", "multi"),
     ("without vs with merge", "multi", "multi-merged"),
     ("without vs with binary term (no merge)", "multi-nobinary", "multi"),
     ("without vs with binary term (merged)", "multi-nobinary-merged", "multi-merged"),
+    ("NFCorpus negatives from BM25's top vs 20 places down (no merge)", "multi-nfnegtop", "multi"),
 ]
 
 
@@ -101,9 +106,11 @@ def recipe_config(row: str, work: Path, args):
         overrides["max_steps"] = args.steps
     recipe = dict(RECIPES[row])
     kept = recipe.pop("sources", None)
+    source_fields = recipe.pop("source_fields", {})
     cfg = load_config(str(CONFIG), overrides | recipe)
     if kept:
         cfg.data.sources = [s for s in cfg.data.sources if s.name in kept]
+    cfg.data.sources = [dataclasses.replace(s, **source_fields.get(s.name, {})) for s in cfg.data.sources]
     cfg.model = resolve_model(cfg.model)
     return cfg
 
@@ -116,12 +123,11 @@ def train_row(row: str, work: Path, args) -> dict:
         return json.loads(info.read_text())
     started = time.time()
     prepare_mixture(cfg)
-    from embedlib.training.data import read_rows
-
-    history = plain_loop(cfg, read_rows(cfg.data.url))
+    rows = read_records(cfg.data.url)
+    history = plain_loop(cfg, rows)
     write_history(history, cfg.output, title=f"{row}: {cfg.run_name}")
     summary = {"steps": len(history), "wall_s": round(time.time() - started, 1), "final_loss": history[-1]["loss"],
-               "rows": len(read_rows(cfg.data.url)), "config": str(CONFIG.relative_to(ROOT)),
+               "rows": len(rows), "config": str(CONFIG.relative_to(ROOT)),
                "overrides": RECIPES[row]}
     info.write_text(json.dumps(summary, indent=1))
     return summary

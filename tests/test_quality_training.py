@@ -11,7 +11,14 @@ import torch
 
 from embedlib.config import ConfigError, from_dict
 from embedlib.encoding.quantize import binary_straight_through, quantize_binary
-from embedlib.objectives.contrastive import cosine_matrix, matryoshka, pair_loss, same_source_other_query
+from embedlib.objectives.contrastive import (
+    both,
+    cosine_matrix,
+    matryoshka,
+    not_judged_relevant,
+    pair_loss,
+    same_source_other_query,
+)
 from embedlib.training.config import MergeConfig, SourceConfig, TrainConfig
 from embedlib.training.merge import best_weight, lerp, sweep
 from embedlib.training.mixture import (
@@ -21,6 +28,7 @@ from embedlib.training.mixture import (
     read_source,
     with_negatives,
 )
+from embedlib.training.stages import ContrastiveCollator
 from tests.conftest import write_beir_subset
 
 
@@ -91,6 +99,10 @@ def test_beir_holdout_and_graded_positives(shared_data):
     assert all(data.pool.qrels[p["query_id"]][p["doc_id"]] >= 2 for p in data.pairs)
     assert len(heldout.corpus) == 300
     assert 0.1 < len(heldout.qrels) / len(data.pool.qrels) < 0.3
+    # Every document judged relevant to the query, at any grade, travels with the pair (never a negative).
+    for pair in data.pairs[:50]:
+        assert pair["relevant_ids"] == sorted(d for d, g in data.pool.qrels[pair["query_id"]].items() if g > 0)
+    assert any(len(p["relevant_ids"]) > 1 for p in data.pairs)
 
 
 def test_neighbouring_spans(tmp_path):
@@ -127,6 +139,29 @@ def test_in_batch_negatives_stay_within_source_and_skip_the_same_query():
     separate = (pair_loss(q[:3], d[:3], 0.05, None) + pair_loss(q[3:], d[3:], 0.05, None)) / 2
     assert torch.allclose(mixed, separate)
     assert not torch.allclose(pair_loss(q, d, 0.05, None), separate)
+
+
+def test_documents_judged_relevant_to_a_query_are_not_its_in_batch_negatives():
+    doc_keys = torch.tensor([100, 101, 102, 103])
+    relevant = torch.tensor([[100, 102], [101, 101], [102, 100], [103, 103]])  # row 0 and row 2 share judgements
+    keep = not_judged_relevant(relevant, doc_keys)
+    expected = torch.tensor([
+        [0, 1, 0, 1],
+        [1, 0, 1, 1],
+        [0, 1, 0, 1],
+        [1, 1, 1, 0],
+    ], dtype=torch.bool)
+    assert torch.equal(keep, expected)
+    assert torch.equal(both(keep, None), keep) and both(None, None) is None
+    generator = torch.Generator().manual_seed(0)
+    q, d = torch.randn(4, 16, generator=generator), torch.randn(4, 16, generator=generator)
+    masked = pair_loss(q, d, 0.05, None, None, keep)
+    assert not torch.allclose(masked, pair_loss(q, d, 0.05, None))
+    # The collator turns mixture rows into these keys (ids are per source: "a"'s d1 is not "b"'s d1).
+    rows = {"source": ["a", "a", "a", "b"], "query_id": ["q0", "q1", "q2", "q3"], "doc_id": ["d0", "d1", "d2", "d1"],
+            "relevant_ids": [["d0", "d2"], ["d1"], ["d0", "d2"], ["d1", "d2"]]}
+    keys = ContrastiveCollator(None, train_config([{"name": "a", "kind": "beir", "url": "x"}])).mixture_keys(rows)
+    assert torch.equal(not_judged_relevant(keys["relevant_keys"], keys["doc_key"]), expected)
 
 
 def test_binary_straight_through_matches_the_served_codes_and_passes_gradients():
@@ -189,8 +224,13 @@ def test_lerp_endpoints_and_best_weight():
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])
     assert torch.equal(lerp(a, b, 0.0), a) and torch.equal(lerp(a, b, 1.0), b)
     assert torch.allclose(lerp(a, b, 0.25), torch.tensor([1.5, 3.0]))
-    curve = [{"t": 0.0, "mean": 0.5}, {"t": 0.5, "mean": 0.6}, {"t": 1.0, "mean": 0.6}]
-    assert best_weight(curve) == 0.5
+    curve = [{"t": 0.0, "scores": {"a": 0.4, "b": 0.6}, "mean": 0.5},
+             {"t": 0.5, "scores": {"a": 0.5, "b": 0.6}, "mean": 0.55},
+             {"t": 0.75, "scores": {"a": 0.7, "b": 0.59}, "mean": 0.645},
+             {"t": 1.0, "scores": {"a": 0.7, "b": 0.59}, "mean": 0.645}]
+    assert best_weight(curve) == 0.5  # t = 0.75 and 1 gain more on the mean, but "b" falls below t = 0
+    assert best_weight(curve, no_dev_loss=False) == 0.75  # the best mean, the smaller weight on a tie
+    assert best_weight([{**p, "scores": {"a": 0.3, "b": 0.7}} if p["t"] else p for p in curve]) == 0.0
 
 
 def test_sweep_scores_each_weight_on_the_heldout_queries(tiny_models, shared_data, tmp_path):

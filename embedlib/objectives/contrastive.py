@@ -122,6 +122,23 @@ def same_source_other_query(
     return keep
 
 
+def not_judged_relevant(relevant_keys: torch.Tensor | None, doc_keys: torch.Tensor | None) -> torch.Tensor | None:
+    """Bool ``(B, N)``: the gathered row's positive is not among the documents judged relevant to this row's
+    query. ``relevant_keys (B, R)`` hashes of those documents (padded with any of them), ``doc_keys (B,)`` the
+    hash of each row's positive; ``None`` when the rows carry no judgements."""
+    if relevant_keys is None or doc_keys is None:
+        return None
+    all_keys = all_gather_with_grad(doc_keys)
+    return ~(relevant_keys.unsqueeze(-1) == all_keys.view(1, 1, -1)).any(dim=1)
+
+
+def both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """``a & b`` where either may be ``None`` (no restriction)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return a & b
+
+
 def pair_loss(
     q: torch.Tensor,
     d: torch.Tensor,

@@ -30,6 +30,9 @@ class SourceConfig:
     # beir / q2q: fraction of queries (q2q: of duplicate groups) never trained on, the dev / evaluation split
     holdout: float = 0.0
     max_pairs: int | None = None  # cap on the source's distinct pairs (spans: how many to cut)
+    # hard negatives start this far down the BM25 ranking of unjudged documents: for sources whose judgements are
+    # incomplete (NFCorpus), the top of that ranking is mostly relevant documents nobody judged
+    negatives_skip_top: int = 0
     seed: int = 0  # of the held-out split and the span sample
 
 
@@ -191,6 +194,7 @@ def validate_sources(cfg: TrainConfig) -> None:
             ("holdout", 0 <= source.holdout < 1, f"must be in [0, 1), got {source.holdout}"),
             ("holdout", source.kind != "spans" or source.holdout == 0, "spans sources have no held-out split"),
             ("max_pairs", source.max_pairs is None or source.max_pairs >= 1, "must be >= 1 or null"),
+            ("negatives_skip_top", source.negatives_skip_top >= 0, "must be >= 0"),
             ("min_relevance", source.min_relevance >= 1, "must be >= 1"),
         ]
         for field_name, ok, message in checks:
@@ -238,6 +242,8 @@ class MergeConfig:
     # Sweep: the weights tried, each scored on the held-out (never trained on) queries of ``dev``; the best
     # mean is saved at ``output``, the curve beside it (merge_sweep.json / .png).
     sweep: list[float] | None = None
+    # only weights at which no dev set scores below ``first`` (t = 0) may be chosen; false: the best mean alone
+    no_dev_loss: bool = True
     dev: list[SourceConfig] | None = None  # the training config's sources, same holdout and seed
     dev_max_docs: int | None = 2000  # dev corpus cap: judged documents of the held-out queries, then others
     max_length: int = 128  # token cap when encoding the dev sets

@@ -120,6 +120,14 @@ def sweep(
     return curve
 
 
-def best_weight(curve: Sequence[dict]) -> float:
-    """The weight of the best mean dev score (the smaller weight on a tie: closer to ``first``)."""
-    return max(curve, key=lambda point: (point["mean"], -point["t"]))["t"]
+def best_weight(curve: Sequence[dict], no_dev_loss: bool = True) -> float:
+    """The weight of the best mean dev score (the smaller weight on a tie: closer to ``first``).
+
+    ``no_dev_loss``: only among the weights at which no dev set scores below ``first`` (the t = 0 point, when
+    the sweep has one), so a gain on one set never pays for a loss on another; t = 0 when none qualifies.
+    """
+    start = next((point for point in curve if point["t"] == 0.0), None)
+    allowed = list(curve)
+    if no_dev_loss and start is not None:
+        allowed = [p for p in curve if all(p["scores"][name] >= score for name, score in start["scores"].items())]
+    return max(allowed, key=lambda point: (point["mean"], -point["t"]))["t"]

@@ -155,17 +155,28 @@ def span_source(source: SourceConfig) -> SourceData:
 SOURCE_READERS = {"beir": beir_source, "q2q": q2q_source, "spans": span_source}
 
 
+def with_relevant_ids(data: SourceData) -> SourceData:
+    """Each pair with ``relevant_ids``: every document judged relevant to its query (never its in-batch negative)."""
+    qrels = data.pool.qrels
+    pairs = [
+        {**p, "relevant_ids": sorted(d for d, grade in qrels.get(p["query_id"], {}).items() if grade > 0)}
+        for p in data.pairs
+    ]
+    return dataclasses.replace(data, pairs=pairs)
+
+
 def read_source(source: SourceConfig) -> SourceData:
-    data = SOURCE_READERS[source.kind](source)
+    data = with_relevant_ids(SOURCE_READERS[source.kind](source))
     if not data.pairs:
         raise DataError(f"source {source.name!r} ({source.url}): no training pairs")
     log.info("source %s: %d pairs", source.name, len(data.pairs))
     return data
 
 
-def with_negatives(data: SourceData, k: int) -> list[dict]:
-    """The source's pairs as triplets with ``k`` BM25 negatives mined from its own pool."""
-    return mine_bm25_negatives(data.pairs, data.pool, k=k)
+def with_negatives(data: SourceData, k: int, skip_top: int = 0) -> list[dict]:
+    """The source's pairs as triplets with ``k`` BM25 negatives mined from its own pool, after ``skip_top``."""
+    depth = 30 if not skip_top else 100 + skip_top  # room for the skipped, and for many judged-relevant documents
+    return mine_bm25_negatives(data.pairs, data.pool, k=k, skip_top=skip_top, depth=depth)
 
 
 def rows_per_source(weights: Sequence[float], rows: int, block: int) -> list[int]:
@@ -224,7 +235,10 @@ def build_mixture(
     per_source = []
     for source in sources:
         data = read_source(source)
-        per_source.append(with_negatives(data, hard_negatives) if hard_negatives else data.pairs)
+        if hard_negatives:
+            per_source.append(with_negatives(data, hard_negatives, source.negatives_skip_top))
+        else:
+            per_source.append(data.pairs)
     mixed = mixture_rows(sources, per_source, rows, batch_size, same_source_batches, seed)
     counts = {s.name: sum(1 for r in mixed if r["source"] == s.name) for s in sources}
     log.info("mixture: %d rows %s", len(mixed), counts)

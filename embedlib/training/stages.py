@@ -31,6 +31,8 @@ from embedlib.objectives import (
 from embedlib.objectives.contrastive import (
     PAIR_TEMPERATURE,
     TRIPLET_TEMPERATURE,
+    both,
+    not_judged_relevant,
     same_source_other_query,
     triplet_loss,
 )
@@ -112,7 +114,10 @@ class ContrastiveModel(torch.nn.Module):
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         stage, cfg = self.cfg.stage, self.cfg
         q = self.embed(batch["query"])
-        keep = same_source_other_query(batch.get("source_hash"), batch.get("query_hash"))
+        keep = both(
+            same_source_other_query(batch.get("source_hash"), batch.get("query_hash")),
+            not_judged_relevant(batch.get("relevant_keys"), batch.get("doc_key")),
+        )
         if stage == "pair":
             temperature = cfg.temperature or PAIR_TEMPERATURE
             hashes = batch["doc_hash"]
@@ -341,8 +346,18 @@ class ContrastiveCollator:
         return batch
 
     def mixture_keys(self, rows: dict) -> dict[str, torch.Tensor]:
-        """Hashes of each row's source and query (mixture rows), which in-batch negatives are masked by."""
+        """Hashes of each row's source and query (mixture rows), and of its positive and the documents judged
+        relevant to its query (rows with ``relevant_ids``), which in-batch negatives are masked by."""
         keys = {}
+        if "relevant_ids" in rows and "doc_id" in rows:
+            sources = rows.get("source") or [""] * len(rows["doc_id"])
+            keys["doc_key"] = torch.tensor(
+                [text_hash(f"{s}\x00{d}") for s, d in zip(sources, rows["doc_id"], strict=True)], dtype=torch.int64
+            )
+            relevant = [[text_hash(f"{s}\x00{d}") for d in ids] or [int(k)] for s, ids, k in
+                        zip(sources, rows["relevant_ids"], keys["doc_key"], strict=True)]
+            width = max(len(r) for r in relevant)
+            keys["relevant_keys"] = torch.tensor([r + [r[0]] * (width - len(r)) for r in relevant], dtype=torch.int64)
         if self.cfg.same_source_negatives and "source" in rows:
             keys["source_hash"] = torch.tensor([text_hash(str(s)) for s in rows["source"]], dtype=torch.int64)
         if "query_id" in rows and "source" in rows:
