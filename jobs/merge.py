@@ -46,7 +46,7 @@ def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
 
     dev_sets = {source.name: (heldout_dataset(source, cfg.dev_max_docs), source.kind == "q2q") for source in cfg.dev}
     curve = sweep(cfg.first, cfg.second, cfg.sweep, dev_sets, cfg.method, cfg.max_length, cfg.quantization, cfg.cache)
-    chosen = best_weight(curve, cfg.no_dev_loss)
+    chosen = best_weight(curve, cfg.keep_gain)
     report = {
         "first": cfg.first,
         "second": cfg.second,
@@ -56,7 +56,7 @@ def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
         "dev_queries": {name: len(dataset.qrels) for name, (dataset, _) in dev_sets.items()},
         "dev_docs": {name: len(dataset.corpus) for name, (dataset, _) in dev_sets.items()},
         "curve": curve,
-        "no_dev_loss": cfg.no_dev_loss,
+        "keep_gain": cfg.keep_gain,
         "chosen_t": chosen,
         "output": cfg.output,
     }

@@ -48,6 +48,7 @@ def train_config(sources: list[dict], **data) -> TrainConfig:
         ([{"name": "a", "kind": "spans", "url": "x", "holdout": 0.2}], "data.sources[0].holdout"),
         ([{"name": "a", "kind": "web", "url": "x"}], "data.sources[0].kind"),
         ([{"name": "a", "kind": "beir", "url": "x", "weigth": 1}], "data.sources[0].weigth"),
+        ([{"name": "a", "kind": "beir", "url": "x", "negatives_skip_top": -1}], "data.sources[0].negatives_skip_top"),
     ],
 )
 def test_mixture_config_errors_name_the_field(sources, field):
@@ -61,6 +62,11 @@ def test_merge_config_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"^sweep\[1\]:"):
         from_dict(MergeConfig, {"first": "a", "second": "b", "output": "c", "sweep": [0.5, 1.5],
                                 "dev": [{"name": "d", "kind": "beir", "url": "x", "holdout": 0.2}]})
+    dev = [{"name": "d", "kind": "beir", "url": "x", "holdout": 0.2}]
+    for keep_gain, weights in ((1.5, [0.0, 1.0]), (0.5, [0.5, 1.0])):
+        with pytest.raises(ConfigError, match=r"^keep_gain:"):
+            from_dict(MergeConfig, {"first": "a", "second": "b", "output": "c", "sweep": weights, "dev": dev,
+                                    "keep_gain": keep_gain})
 
 
 def test_mixture_follows_weights_in_same_source_batches():
@@ -103,6 +109,15 @@ def test_beir_holdout_and_graded_positives(shared_data):
     for pair in data.pairs[:50]:
         assert pair["relevant_ids"] == sorted(d for d, g in data.pool.qrels[pair["query_id"]].items() if g > 0)
     assert any(len(p["relevant_ids"]) > 1 for p in data.pairs)
+    # negatives_skip_top: the negative is the one that many places further down the same BM25 ranking.
+    few = dataclasses.replace(data, pairs=data.pairs[:40])
+    top = {(r["query_id"], r["doc_id"]): r["negative_ids"] for r in with_negatives(few, 6)}
+    skipped = with_negatives(few, 1, skip_top=5)
+    assert len(skipped) >= 30
+    for row in skipped:
+        assert not set(row["negative_ids"]) & set(row["relevant_ids"])
+        if (row["query_id"], row["doc_id"]) in top:
+            assert row["negative_ids"] == top[row["query_id"], row["doc_id"]][5:6]
 
 
 def test_neighbouring_spans(tmp_path):
@@ -224,13 +239,12 @@ def test_lerp_endpoints_and_best_weight():
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])
     assert torch.equal(lerp(a, b, 0.0), a) and torch.equal(lerp(a, b, 1.0), b)
     assert torch.allclose(lerp(a, b, 0.25), torch.tensor([1.5, 3.0]))
-    curve = [{"t": 0.0, "scores": {"a": 0.4, "b": 0.6}, "mean": 0.5},
-             {"t": 0.5, "scores": {"a": 0.5, "b": 0.6}, "mean": 0.55},
-             {"t": 0.75, "scores": {"a": 0.7, "b": 0.59}, "mean": 0.645},
-             {"t": 1.0, "scores": {"a": 0.7, "b": 0.59}, "mean": 0.645}]
-    assert best_weight(curve) == 0.5  # t = 0.75 and 1 gain more on the mean, but "b" falls below t = 0
-    assert best_weight(curve, no_dev_loss=False) == 0.75  # the best mean, the smaller weight on a tie
-    assert best_weight([{**p, "scores": {"a": 0.3, "b": 0.7}} if p["t"] else p for p in curve]) == 0.0
+    curve = [{"t": 0.0, "mean": 0.5}, {"t": 0.25, "mean": 0.53}, {"t": 0.5, "mean": 0.56},
+             {"t": 0.75, "mean": 0.6}, {"t": 1.0, "mean": 0.6}]
+    assert best_weight(curve) == 0.75  # the best mean, the smaller weight on a tie
+    assert best_weight(curve, keep_gain=0.5) == 0.5  # gains 0.03 / 0.06 / 0.1: the first with >= half of 0.1
+    assert best_weight(curve, keep_gain=0.25) == 0.25
+    assert best_weight([{**p, "mean": 0.5 - p["t"]} for p in curve], keep_gain=0.5) == 0.0  # nothing gained
 
 
 def test_sweep_scores_each_weight_on_the_heldout_queries(tiny_models, shared_data, tmp_path):

@@ -1,4 +1,4 @@
-"""Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-2 over S3, contextual training on 2 workers
+"""Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-2 over S3 on multi-source mixture rows, contextual training on 2 workers
 with ZeRO-3, a killed worker resuming, a diverging run stopping.
 
 The first DeepSpeed use on a machine JIT-compiles its small shared-memory communication op with g++
@@ -31,11 +31,22 @@ def pair_rows(shared_data, count: int) -> list[dict]:
     return beir_pairs(load_beir(str(shared_data / "cranfield"), "test"))[:count]
 
 
+def mixture_pair_rows(shared_data, count: int) -> list[dict]:
+    """Two-source mixture rows (same-source batches of 4): list columns (``relevant_ids``) and mask keys."""
+    from embedlib.training.config import SourceConfig
+    from embedlib.training.mixture import build_mixture
+
+    sources = [SourceConfig(name=n, kind="beir", url=str(shared_data / n), split="test") for n in ("cranfield", "cisi")]
+    return build_mixture(sources, rows=count, batch_size=4)
+
+
 def test_two_worker_deepspeed_zero2_pair_run_over_s3(
     ray_cluster, s3_bucket, tiny_models, shared_data, tmp_path
 ):
     data_url = f"{s3_bucket}/train/pairs.parquet"
-    write_rows(pair_rows(shared_data, 48), data_url)
+    rows = mixture_pair_rows(shared_data, 48)
+    assert {r["source"] for r in rows} == {"cranfield", "cisi"} and all(r["relevant_ids"] for r in rows)
+    write_rows(rows, data_url)
     cfg = from_dict(
         TrainConfig,
         {

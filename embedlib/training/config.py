@@ -242,8 +242,10 @@ class MergeConfig:
     # Sweep: the weights tried, each scored on the held-out (never trained on) queries of ``dev``; the best
     # mean is saved at ``output``, the curve beside it (merge_sweep.json / .png).
     sweep: list[float] | None = None
-    # only weights at which no dev set scores below ``first`` (t = 0) may be chosen; false: the best mean alone
-    no_dev_loss: bool = True
+    # the smallest weight that keeps this share of the best mean dev gain over ``first`` (t = 0); null: the best
+    # mean. The dev sets cover only the trained domains, where more weight on ``second`` always looks better,
+    # while every step away from ``first`` costs the domains never trained on.
+    keep_gain: float | None = None
     dev: list[SourceConfig] | None = None  # the training config's sources, same holdout and seed
     dev_max_docs: int | None = 2000  # dev corpus cap: judged documents of the held-out queries, then others
     max_length: int = 128  # token cap when encoding the dev sets
@@ -251,6 +253,10 @@ class MergeConfig:
     cache: str | None = None  # embedding cache (``embedlib.eval.embeddings``)
 
     def __post_init__(self) -> None:
+        if self.keep_gain is not None and not 0.0 < self.keep_gain <= 1.0:
+            raise ConfigError(f"keep_gain: must be in (0, 1] or null, got {self.keep_gain}")
+        if self.keep_gain is not None and self.sweep and 0.0 not in self.sweep:
+            raise ConfigError("keep_gain: the sweep must include t = 0 (the gain is measured from it)")
         for name, value in [("t", self.t), *((f"sweep[{i}]", w) for i, w in enumerate(self.sweep or []))]:
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{name}: must be in [0, 1], got {value}")

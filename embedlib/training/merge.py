@@ -120,14 +120,18 @@ def sweep(
     return curve
 
 
-def best_weight(curve: Sequence[dict], no_dev_loss: bool = True) -> float:
+def best_weight(curve: Sequence[dict], keep_gain: float | None = None) -> float:
     """The weight of the best mean dev score (the smaller weight on a tie: closer to ``first``).
 
-    ``no_dev_loss``: only among the weights at which no dev set scores below ``first`` (the t = 0 point, when
-    the sweep has one), so a gain on one set never pays for a loss on another; t = 0 when none qualifies.
+    ``keep_gain``: instead, the smallest weight whose mean dev gain over ``first`` (the t = 0 point) is at least
+    this fraction of the best gain: as close to ``first`` as possible while keeping that share of what training
+    added on the dev sets (t = 0 when nothing was gained).
     """
+    best = max(curve, key=lambda point: (point["mean"], -point["t"]))
     start = next((point for point in curve if point["t"] == 0.0), None)
-    allowed = list(curve)
-    if no_dev_loss and start is not None:
-        allowed = [p for p in curve if all(p["scores"][name] >= score for name, score in start["scores"].items())]
-    return max(allowed, key=lambda point: (point["mean"], -point["t"]))["t"]
+    if keep_gain is None or start is None:
+        return best["t"]
+    gain = best["mean"] - start["mean"]
+    if gain <= 0:
+        return 0.0
+    return min(p["t"] for p in curve if p["mean"] - start["mean"] >= keep_gain * gain)
