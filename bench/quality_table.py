@@ -9,8 +9,10 @@ Rows (the recommended recipe is jobs/configs/minilm-general.yaml, merged with th
 jobs/configs/minilm-general-merge.yaml):
 - ``base``: the model as shipped;
 - ``multi``: the mixture recipe (SciFact train, NFCorpus dev, Quora train groups, Gutenberg spans), binary term on;
-- ``multi-merged`` (recommended): ``multi`` SLERP-merged with the base, the weight chosen on held-out dev queries;
+- ``multi-merged`` (recommended): ``multi`` SLERP-merged with the base, the weight chosen on held-out dev queries
+  (the one closest to the base that keeps half of the best dev gain: the merge config's ``keep_gain``);
 - ``single``: the same recipe, steps and objective on SciFact train alone (single- vs multi-source);
+- ``single-merged``: ``single`` merged with the base, its own weight swept the same way;
 - ``multi-nobinary``: ``multi`` without the binary term (with / without binary);
 - ``multi-nobinary-merged``: that model merged at the weight chosen for ``multi``;
 - ``multi-nfnegtop``: ``multi`` with NFCorpus's BM25 negatives taken from the top of the ranking.
@@ -55,7 +57,9 @@ CONFIG = ROOT / "jobs" / "configs" / "minilm-general.yaml"
 MERGE_CONFIG = ROOT / "jobs" / "configs" / "minilm-general-merge.yaml"
 QUANTIZATIONS = ("float", "int8", "binary")
 RECOMMENDED = "multi-merged"
-ROWS = ("base", "multi", "multi-merged", "single", "multi-nobinary", "multi-nobinary-merged", "multi-nfnegtop")
+ROWS = ("base", "multi", "multi-merged", "single", "single-merged", "multi-nobinary", "multi-nobinary-merged",
+        "multi-nfnegtop")
+SWEPT = ("multi-merged", "single-merged")  # merged rows whose weight is swept on dev; the others take RECOMMENDED's
 # Trained rows: overrides of the recommended config ("sources": the names of its sources kept; "source_fields":
 # fields set on one source).
 RECIPES = {
@@ -67,6 +71,8 @@ RECIPES = {
 ABLATIONS = [
     ("single- vs multi-source (no merge)", "single", "multi"),
     ("without vs with merge", "multi", "multi-merged"),
+    ("single- vs multi-source (merged)", "single-merged", "multi-merged"),
+    ("without vs with merge (single-source)", "single", "single-merged"),
     ("without vs with binary term (no merge)", "multi-nobinary", "multi"),
     ("without vs with binary term (merged)", "multi-nobinary-merged", "multi-merged"),
     ("NFCorpus negatives from BM25's top vs 20 places down (no merge)", "multi-nfnegtop", "multi"),
@@ -139,7 +145,7 @@ def merge_row(work: Path, second: str, output: str, sweep: bool, t: float | None
     values = {"first": cfg.first, "second": second, "output": output, "method": cfg.method,
               "max_length": cfg.max_length, "quantization": cfg.quantization, "cache": cfg.cache}
     if sweep:
-        values |= {"sweep": cfg.sweep, "dev_max_docs": cfg.dev_max_docs,
+        values |= {"sweep": cfg.sweep, "keep_gain": cfg.keep_gain, "dev_max_docs": cfg.dev_max_docs,
                    "dev": [{k: getattr(s, k) for k in ("name", "kind", "url", "split", "holdout", "seed")} for s in cfg.dev]}
     else:
         values["t"] = t
@@ -162,7 +168,7 @@ def model_path(row: str, work: Path, args) -> tuple[str, dict]:
     output = work / row
     made = work / f"{row}-merge.json"
     if not made.exists():
-        if row == RECOMMENDED:
+        if row in SWEPT:
             report = merge_row(work, second, str(output), sweep=True)
         else:  # the recommended row's weight, applied to another fine-tuned model
             _, recommended = model_path(RECOMMENDED, work, args)
@@ -188,12 +194,13 @@ def markdown(table: dict) -> str:
         cells = [" / ".join(f"{row['scores'][s][q]:.4f}" for q in ("int8", "binary", "float")) for s in sets]
         mean = row["mean"]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean['int8']:.4f} / {mean['binary']:.4f} / {mean['float']:.4f} |")
-    if table.get("merge_curve"):
-        lines += ["", "Merge sweep (base -> multi, dev INT8 nDCG@10 on held-out training queries):", ""]
-        for point in table["merge_curve"]["curve"]:
+    for name, curve in table.get("merge_curves", {}).items():
+        source = name.removesuffix("-merged")
+        lines += ["", f"Merge sweep (base -> {source}, dev INT8 nDCG@10 on held-out training queries):", ""]
+        for point in curve["curve"]:
             scores = ", ".join(f"{k} {v:.4f}" for k, v in point["scores"].items())
             lines.append(f"- t={point['t']:g}: {scores}; mean {point['mean']:.4f}")
-        lines.append(f"- chosen t={table['merge_curve']['chosen_t']:g}")
+        lines.append(f"- chosen t={curve['chosen_t']:g} (keep_gain {curve.get('keep_gain')})")
     if table.get("acceptance"):
         lines += ["", "Acceptance:", ""] + [f"- {k}: {v}" for k, v in table["acceptance"].items()]
     return "\n".join(lines) + "\n"
@@ -265,6 +272,7 @@ def build_table(measured: dict, args, result: Result) -> dict:
         for what, a, b in ABLATIONS if a in rows and b in rows
     ]
     merge_curve = rows.get(RECOMMENDED, {}).get("made")
+    curves = {name: rows[name]["made"] for name in SWEPT if name in rows and "curve" in rows[name]["made"]}
     return {
         "command": " ".join(["python", *result.argv]),
         "eval_max_length": args.eval_max_length,
@@ -276,6 +284,7 @@ def build_table(measured: dict, args, result: Result) -> dict:
         "missing_rows": [name for name in ROWS if name not in rows],
         "ablations": ablations,
         "merge_curve": merge_curve if merge_curve and "curve" in merge_curve else None,
+        "merge_curves": curves,
         "acceptance": acceptance(rows),
     }
 
