@@ -271,7 +271,6 @@ def build_table(measured: dict, args, result: Result) -> dict:
                                 for n in (a, b)}}
         for what, a, b in ABLATIONS if a in rows and b in rows
     ]
-    merge_curve = rows.get(RECOMMENDED, {}).get("made")
     curves = {name: rows[name]["made"] for name in SWEPT if name in rows and "curve" in rows[name]["made"]}
     return {
         "command": " ".join(["python", *result.argv]),
@@ -283,7 +282,7 @@ def build_table(measured: dict, args, result: Result) -> dict:
         "rows": rows,
         "missing_rows": [name for name in ROWS if name not in rows],
         "ablations": ablations,
-        "merge_curve": merge_curve if merge_curve and "curve" in merge_curve else None,
+        "merge_curve": curves.get(RECOMMENDED),
         "merge_curves": curves,
         "acceptance": acceptance(rows),
     }

@@ -1,5 +1,5 @@
-"""Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-2 over S3 on multi-source mixture rows, contextual training on 2 workers
-with ZeRO-3, a killed worker resuming, a diverging run stopping.
+"""Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-2 over S3 on multi-source mixture rows,
+contextual training on 2 workers with ZeRO-3, a killed worker resuming, a diverging run stopping.
 
 The first DeepSpeed use on a machine JIT-compiles its small shared-memory communication op with g++
 (``deepspeed_shm_comm``, cached under ``~/.cache/torch_extensions``); the optimizer is torch's AdamW, so no

@@ -108,18 +108,21 @@ def query_document_nce(
     return info_nce(positive, scores_t, keep_t, temperature)
 
 
+def both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """``a & b`` where either may be ``None`` (no restriction)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return a & b
+
+
 def same_source_other_query(
     sources: torch.Tensor | None, queries: torch.Tensor | None
 ) -> torch.Tensor | None:
     """Bool ``(B, N)`` over every rank's rows: in-batch negatives come from the query's own source (by hash)
     and never from a row of the same query (its other positives); ``None`` when the rows carry neither."""
-    keep = None
-    if sources is not None:
-        keep = sources.unsqueeze(1) == all_gather_with_grad(sources).unsqueeze(0)
-    if queries is not None:
-        other = queries.unsqueeze(1) != all_gather_with_grad(queries).unsqueeze(0)
-        keep = other if keep is None else keep & other
-    return keep
+    same_source = None if sources is None else sources.unsqueeze(1) == all_gather_with_grad(sources).unsqueeze(0)
+    other_query = None if queries is None else queries.unsqueeze(1) != all_gather_with_grad(queries).unsqueeze(0)
+    return both(same_source, other_query)
 
 
 def not_judged_relevant(relevant_keys: torch.Tensor | None, doc_keys: torch.Tensor | None) -> torch.Tensor | None:
@@ -130,13 +133,6 @@ def not_judged_relevant(relevant_keys: torch.Tensor | None, doc_keys: torch.Tens
         return None
     all_keys = all_gather_with_grad(doc_keys)
     return ~(relevant_keys.unsqueeze(-1) == all_keys.view(1, 1, -1)).any(dim=1)
-
-
-def both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    """``a & b`` where either may be ``None`` (no restriction)."""
-    if a is None or b is None:
-        return a if b is None else b
-    return a & b
 
 
 def pair_loss(
