@@ -3,19 +3,23 @@ NFCorpus test, Cranfield, CISI and the held-out Quora split, in float, INT8 and 
 FAISS paths the index serves (cosine on INT8 codes, Hamming on packed bits).
 
     python bench/quality_table.py                        # train what is missing, sweep the merge, evaluate all
-    python bench/quality_table.py --rows base,multi-merged   # only these rows (measured rows are kept)
+    python bench/quality_table.py --rows base,multi-3ep      # only these rows (measured rows are kept)
+    python bench/quality_table.py --previous bench/results/quality_table.json   # keep an earlier run's rows
 
-Rows (the recommended recipe is jobs/configs/minilm-general.yaml, merged with the base by
-jobs/configs/minilm-general-merge.yaml):
+Rows (names: ``multi`` the four-source mixture of SciFact train, NFCorpus dev, Quora train groups and Gutenberg
+spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anchor_weight`` 10, none otherwise;
+``2ep`` / ``3ep`` epochs of 48 steps, 1 otherwise; ``-merged`` SLERP-merged with the base):
 - ``base``: the model as shipped;
-- ``multi``: the mixture recipe (SciFact train, NFCorpus dev, Quora train groups, Gutenberg spans), binary term on;
-- ``multi-merged`` (recommended): ``multi`` SLERP-merged with the base, the weight chosen on held-out dev queries
-  (the one closest to the base that keeps half of the best dev gain: the merge config's ``keep_gain``);
-- ``single``: the same recipe, steps and objective on SciFact train alone (single- vs multi-source);
-- ``single-merged``: ``single`` merged with the base, its own weight swept the same way;
-- ``multi-nobinary``: ``multi`` without the binary term (with / without binary);
-- ``multi-nobinary-merged``: that model merged at the weight chosen for ``multi``;
-- ``multi-nfnegtop``: ``multi`` with NFCorpus's BM25 negatives taken from the top of the ranking.
+- ``multi-anchor-3ep`` (recommended): jobs/configs/minilm-general.yaml itself, binary term on;
+- ``multi-anchor-3ep-merged``: that model merged with the base, the weight swept on held-out dev queries by
+  jobs/configs/minilm-general-merge.yaml (the one closest to the base that keeps half of the best dev gain);
+- ``multi-anchor-3ep-nobinary``: without the binary term; ``single-anchor-3ep``: on SciFact train alone;
+  ``multi-3ep``: without the anchor (the recommended row's ablations);
+- ``multi-anchor``, ``multi-anchor-2ep``: 1 and 2 epochs; ``single-anchor``; ``multi-anchor-w30``: weight 30;
+- the 1-epoch recipes without the anchor: ``multi``, ``multi-merged`` and ``single-merged`` (each swept),
+  ``single``, ``multi-nobinary``, ``multi-nobinary-merged`` (at ``multi-merged``'s weight), ``multi-nfnegtop``
+  (NFCorpus's BM25 negatives from the top of the ranking), ``multi-lora`` (LoRA r 16 on every linear layer,
+  lr 5e-4, folded in when saved).
 
 Training runs in this process (``bench/train_common.plain_loop``: the same stage module and optimiser as the
 Ray Train runner, which ``jobs/train.py`` drives with the same YAML). Every model's float embeddings of each
@@ -56,27 +60,52 @@ DATA = ROOT.parent / "shared" / "data"
 CONFIG = ROOT / "jobs" / "configs" / "minilm-general.yaml"
 MERGE_CONFIG = ROOT / "jobs" / "configs" / "minilm-general-merge.yaml"
 QUANTIZATIONS = ("float", "int8", "binary")
-RECOMMENDED = "multi-merged"
-ROWS = ("base", "multi", "multi-merged", "single", "single-merged", "multi-nobinary", "multi-nobinary-merged",
-        "multi-nfnegtop")
-SWEPT = ("multi-merged", "single-merged")  # merged rows whose weight is swept on dev; the others take RECOMMENDED's
-# Trained rows: overrides of the recommended config ("sources": the names of its sources kept; "source_fields":
-# fields set on one source).
+RECOMMENDED = "multi-anchor-3ep"  # the shipped config itself (checked at start)
+ROWS = (
+    "base", "multi-anchor-3ep", "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep",
+    "multi-3ep", "multi-anchor", "multi-anchor-2ep", "single-anchor", "multi-anchor-w30",
+    "multi", "multi-merged", "single", "single-merged", "multi-nobinary", "multi-nobinary-merged",
+    "multi-nfnegtop", "multi-lora",
+)
+# Merged rows whose weight is swept on dev; the others take WEIGHT_FROM's chosen weight.
+SWEPT, WEIGHT_FROM = ("multi-anchor-3ep-merged", "multi-merged", "single-merged"), "multi-merged"
+# Trained rows: overrides of the shipped config ("sources": the names of its sources kept; "source_fields":
+# fields set on one source). Each names its anchor weight and epochs so that it means the same whatever ships.
+ANCHORED_3EP, ONE_EPOCH, NO_ANCHOR = {"anchor_weight": 10.0, "epochs": 3}, {"epochs": 1}, {"anchor_weight": 0.0}
 RECIPES = {
-    "multi": {},
-    "single": {"sources": ["scifact"]},
-    "multi-nobinary": {"binary_weight": 0.0},
-    "multi-nfnegtop": {"source_fields": {"nfcorpus": {"negatives_skip_top": 0}}},
+    "multi-anchor-3ep": ANCHORED_3EP,
+    "multi-anchor-3ep-nobinary": {"binary_weight": 0.0} | ANCHORED_3EP,
+    "single-anchor-3ep": {"sources": ["scifact"]} | ANCHORED_3EP,
+    "multi-3ep": {"epochs": 3} | NO_ANCHOR,
+    "multi-anchor": {"anchor_weight": 10.0} | ONE_EPOCH,
+    "multi-anchor-2ep": {"anchor_weight": 10.0, "epochs": 2},
+    "single-anchor": {"sources": ["scifact"], "anchor_weight": 10.0} | ONE_EPOCH,
+    "multi-anchor-w30": {"anchor_weight": 30.0} | ONE_EPOCH,
+    "multi": ONE_EPOCH | NO_ANCHOR,
+    "single": {"sources": ["scifact"]} | ONE_EPOCH | NO_ANCHOR,
+    "multi-nobinary": {"binary_weight": 0.0} | ONE_EPOCH | NO_ANCHOR,
+    "multi-nfnegtop": {"source_fields": {"nfcorpus": {"negatives_skip_top": 0}}} | ONE_EPOCH | NO_ANCHOR,
+    "multi-lora": {"lora": {"r": 16, "alpha": 32}, "optimizer.lr": 5.0e-4} | ONE_EPOCH | NO_ANCHOR,
 }
+# (what, without, with): the first four explain the recommended row; the rest are the 1-epoch recipes before it.
 ABLATIONS = [
-    ("single- vs multi-source (no merge)", "single", "multi"),
-    ("without vs with merge", "multi", "multi-merged"),
-    ("single- vs multi-source (merged)", "single-merged", "multi-merged"),
-    ("without vs with merge (single-source)", "single", "single-merged"),
-    ("without vs with binary term (no merge)", "multi-nobinary", "multi"),
-    ("without vs with binary term (merged)", "multi-nobinary-merged", "multi-merged"),
-    ("NFCorpus negatives from BM25's top vs 20 places down (no merge)", "multi-nfnegtop", "multi"),
+    ("without vs with the anchor", "multi-3ep", "multi-anchor-3ep"),
+    ("single- vs multi-source (anchored)", "single-anchor-3ep", "multi-anchor-3ep"),
+    ("without vs with merge (anchored)", "multi-anchor-3ep", "multi-anchor-3ep-merged"),
+    ("without vs with binary term (anchored)", "multi-anchor-3ep-nobinary", "multi-anchor-3ep"),
+    ("1 vs 3 epochs (anchored)", "multi-anchor", "multi-anchor-3ep"),
+    ("without vs with the anchor (1 epoch)", "multi", "multi-anchor"),
+    ("single- vs multi-source (1 epoch, anchored)", "single-anchor", "multi-anchor"),
+    ("single- vs multi-source (1 epoch)", "single", "multi"),
+    ("without vs with merge (1 epoch)", "multi", "multi-merged"),
+    ("single- vs multi-source (1 epoch, merged)", "single-merged", "multi-merged"),
+    ("without vs with merge (1 epoch, single-source)", "single", "single-merged"),
+    ("without vs with binary term (1 epoch)", "multi-nobinary", "multi"),
+    ("without vs with binary term (1 epoch, merged)", "multi-nobinary-merged", "multi-merged"),
+    ("NFCorpus negatives from BM25's top vs 20 places down (1 epoch)", "multi-nfnegtop", "multi"),
+    ("full fine-tuning vs LoRA (1 epoch)", "multi", "multi-lora"),
 ]
+PLOTTED = ("base", *dict.fromkeys(name for _, a, b in ABLATIONS[:4] for name in (a, b)))  # the PNG's rows
 
 
 def eval_sets(quora: BeirDataset) -> dict[str, tuple[BeirDataset, bool]]:
@@ -170,11 +199,31 @@ def model_path(row: str, work: Path, args) -> tuple[str, dict]:
     if not made.exists():
         if row in SWEPT:
             report = merge_row(work, second, str(output), sweep=True)
-        else:  # the recommended row's weight, applied to another fine-tuned model
-            _, recommended = model_path(RECOMMENDED, work, args)
-            report = merge_row(work, second, str(output), sweep=False, t=recommended["chosen_t"])
+        else:  # WEIGHT_FROM's chosen weight, applied to another fine-tuned model
+            _, swept = model_path(WEIGHT_FROM, work, args)
+            report = merge_row(work, second, str(output), sweep=False, t=swept["chosen_t"])
         made.write_text(json.dumps(report, indent=1))
     return str(output), json.loads(made.read_text())
+
+
+def check_recommended_is_shipped() -> None:
+    """The recommended row's recipe must leave the shipped config as it is."""
+    if load_config(str(CONFIG), RECIPES[RECOMMENDED]) != load_config(str(CONFIG)):
+        raise SystemExit(f"{RECOMMENDED}'s recipe {RECIPES[RECOMMENDED]} is not {CONFIG.relative_to(ROOT)}")
+
+
+def seed_rows(previous: Path, work: Path) -> list[str]:
+    """Write the rows of an earlier table under ``work`` where not measured there, each marked ``seeded_from``
+    that table's command, commit and start; their names. A merge's source still trains if the merge is missing."""
+    earlier = json.loads(previous.read_text())
+    seeded = []
+    for name, entry in earlier["figures"]["rows"].items():
+        saved = work / f"row-{name}.json"
+        if name in ROWS and not saved.exists():
+            entry.setdefault("seeded_from", {k: earlier[k] for k in ("command", "commit", "started_at")})
+            saved.write_text(json.dumps(entry, indent=1))
+            seeded.append(name)
+    return seeded
 
 
 def mean_over_sets(row: dict) -> dict:
@@ -207,7 +256,7 @@ def markdown(table: dict) -> str:
 
 
 def table_png(table: dict) -> bytes:
-    """Grouped bars: INT8 score per set and row, binary as a hatched bar beside it."""
+    """Top: INT8 per set and plotted row, binary hatched beside it. Bottom: each row's INT8 change vs base."""
     import io
 
     import matplotlib
@@ -215,19 +264,26 @@ def table_png(table: dict) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sets, rows = list(table["sets"]), list(table["rows"])
+    sets, rows = list(table["sets"]), [name for name in PLOTTED if name in table["rows"]]
     width = 0.8 / (2 * len(rows))
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    fig, (ax, delta) = plt.subplots(2, 1, figsize=(11, 8), height_ratios=(3, 2))
+    base = table["rows"]["base"]["scores"]
     for i, name in enumerate(rows):
         scores = table["rows"][name]["scores"]
         x = [s + (2 * i) * width for s in range(len(sets))]
         bars = ax.bar(x, [scores[s]["int8"] for s in sets], width, label=f"{name} int8")
+        color = bars[0].get_facecolor()
         ax.bar([v + width for v in x], [scores[s]["binary"] for s in sets], width, hatch="//",
-               color=bars[0].get_facecolor(), alpha=0.5, label=f"{name} binary")
-    ax.set_xticks([s + 0.4 - width / 2 for s in range(len(sets))], sets)
+               color=color, alpha=0.5, label=f"{name} binary")
+        delta.bar([v + width / 2 for v in x], [scores[s]["int8"] - base[s]["int8"] for s in sets], 2 * width,
+                  color=color, label=name)
+    for axis in (ax, delta):
+        axis.set_xticks([s + 0.4 - width / 2 for s in range(len(sets))], sets)
+        axis.grid(axis="y", alpha=0.3)
     ax.set_ylabel("nDCG@10 (Quora: recall@10)")
     ax.legend(fontsize=7, ncol=2)
-    ax.grid(axis="y", alpha=0.3)
+    delta.axhline(0, color="black", linewidth=0.8)
+    delta.set_ylabel("INT8 change vs base")
     buffer = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buffer, format="png", dpi=120)
@@ -282,7 +338,7 @@ def build_table(measured: dict, args, result: Result) -> dict:
         "rows": rows,
         "missing_rows": [name for name in ROWS if name not in rows],
         "ablations": ablations,
-        "merge_curve": curves.get(RECOMMENDED),
+        "merge_curve": curves.get(f"{RECOMMENDED}-merged"),
         "merge_curves": curves,
         "acceptance": acceptance(rows),
     }
@@ -295,15 +351,20 @@ def main() -> None:
     parser.add_argument("--eval-max-length", type=int, default=128)
     parser.add_argument("--steps", type=int, help="optimizer steps per recipe (default: the config's epochs)")
     parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--previous", type=Path,
+                        help="an earlier quality_table.json: its rows count as measured unless measured under --work")
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
     args = parser.parse_args()
     wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in wanted if r not in ROWS]
     if unknown:
         parser.error(f"--rows: unknown {unknown}; known {list(ROWS)}")
+    check_recommended_is_shipped()
     result = Result("quality_table")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.previous:
+        print(f"rows from {args.previous}: {seed_rows(args.previous, work)}", flush=True)
     quora_source = next(s for s in load_config(str(CONFIG)).data.sources if s.kind == "q2q")
     sets = eval_sets(heldout_dataset(quora_source))
     measured = {}
@@ -314,7 +375,8 @@ def main() -> None:
             path, made = model_path(name, work, args)
             scores = evaluate_model(name, path, sets, args)
             entry = {"model": path, "made": made, "scores": scores, "mean": mean_over_sets(scores),
-                     "wall_s": round(time.time() - started, 1)}
+                     "wall_s": round(time.time() - started, 1),
+                     "measured": {**result.git, "started_at": result.started_at}}
             saved.write_text(json.dumps(entry, indent=1))
         if saved.exists():
             measured[name] = json.loads(saved.read_text())
@@ -322,7 +384,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "quality_table.md").write_text(markdown(table))
     (RESULTS / "quality_table.png").write_bytes(table_png(table))
-    curve_png = work / RECOMMENDED / "merge_sweep.png"
+    curve_png = work / f"{RECOMMENDED}-merged" / "merge_sweep.png"
     if curve_png.exists():
         (RESULTS / "quality_table_merge_curve.png").write_bytes(curve_png.read_bytes())
     result.write(table, top_level={k: table[k] for k in ("sets", "recommended_config")})

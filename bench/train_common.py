@@ -17,7 +17,7 @@ from embedlib.eval.beir import load_beir
 from embedlib.eval.run import evaluate_systems
 from embedlib.eval.systems import DenseSystem, ModelEmbeddings
 from embedlib.training.config import TrainConfig
-from embedlib.training.runner import count_tokens, lr_lambda, save_trained_model
+from embedlib.training.runner import count_tokens, lr_lambda, save_trained_model, total_steps
 from embedlib.training.stages import build_stage
 
 
@@ -27,7 +27,7 @@ def plain_loop(cfg: TrainConfig, rows: list[dict], save: bool = True) -> list[di
     torch.set_num_threads(cfg.scaling.torch_threads or 1)
     parts = build_stage(cfg, seed=cfg.seed)
     parts.module.train()
-    steps = cfg.max_steps or len(rows) // cfg.batch_size
+    steps = total_steps(cfg, len(rows))
     parameters = [p for p in parts.module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         parameters, lr=cfg.optimizer.lr, betas=cfg.optimizer.betas, weight_decay=cfg.optimizer.weight_decay
@@ -53,6 +53,7 @@ def plain_loop(cfg: TrainConfig, rows: list[dict], save: bool = True) -> list[di
         }
         if "accuracy" in out:
             row["accuracy"] = out["accuracy"].item()
+        row |= {name: out[name].item() for name in out if name.endswith("_loss")}  # parts of the loss
         history.append(row)
     if save:
         save_trained_model(parts, cfg)

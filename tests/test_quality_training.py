@@ -13,6 +13,7 @@ from embedlib.config import ConfigError, from_dict
 from embedlib.encoding.quantize import binary_straight_through, quantize_binary
 from embedlib.objectives.contrastive import (
     both,
+    cosine,
     cosine_matrix,
     matryoshka,
     not_judged_relevant,
@@ -265,3 +266,47 @@ def test_sweep_scores_each_weight_on_the_heldout_queries(tiny_models, shared_dat
     for point, model in ((curve[0], first), (curve[2], other)):
         alone = dev_score(Encoder.from_pretrained(model, device="cpu", max_length=32), "x", dev, False, "int8", None)
         assert point["scores"]["cran"] == pytest.approx(alone)
+
+
+def drift_after_training(model: str, anchor_weight: float, steps: int = 6) -> float:
+    """Mean ``1 - cos`` between the starting and the trained model's embeddings of the training texts."""
+    from embedlib.training.stages import build_stage
+
+    cfg = from_dict(TrainConfig, {
+        "stage": "pair", "model": model, "output": "unused", "batch_size": 8, "anchor_weight": anchor_weight,
+        "data": {"url": "unused", "max_length": 16, "query_max_length": 16}, "optimizer": {"lr": 1e-3},
+    })
+    torch.manual_seed(0)
+    parts = build_stage(cfg, seed=0)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+    rows = {"query": [f"{w} query" for w in words], "positive": [f"the {w} document" for w in words],
+            "doc_id": words}
+    batch = parts.collate(rows)
+    parts.module.eval()
+    start = parts.module.embed(batch["positive"]).detach()
+    parts.module.train()
+    trainable = [p for p in parts.module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.optimizer.lr)
+    for _ in range(steps):
+        out = parts.module(batch)
+        out["loss"].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    if anchor_weight:
+        assert parts.module.anchor.training is False  # train() leaves the reference without dropout
+        assert not any(p.requires_grad for p in parts.module.anchor.parameters())
+        assert float(out["anchor_loss"]) > 0
+    parts.module.eval()
+    return float((1 - cosine(parts.module.embed(batch["positive"]).detach(), start)).mean())
+
+
+def test_anchor_guard_keeps_the_embeddings_near_the_starting_model(tiny_models):
+    model = str(tiny_models["pplx-embed"])
+    free, anchored = drift_after_training(model, 0.0), drift_after_training(model, 50.0)
+    assert anchored < 0.5 * free, (anchored, free)
+
+
+def test_anchor_guard_is_for_pair_and_triplet_stages():
+    with pytest.raises(ConfigError, match="^anchor_weight: applies to the pair and triplet"):
+        from_dict(TrainConfig, {"stage": "contextual", "model": "m", "output": "o", "anchor_weight": 1.0,
+                                "data": {"url": "rows.parquet"}})

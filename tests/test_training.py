@@ -5,6 +5,8 @@ Ray Train + DeepSpeed runs are in ``test_training_ray.py``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import BeirDataset, load_beir, read_records
 from embedlib.models.loading import load_backbone
 from embedlib.models.mask_token import resolve_mask_id
-from embedlib.training.config import ConfigError, TrainConfig, from_dict, load_config
+from embedlib.training.config import ConfigError, TrainConfig, from_dict, load_config, load_merge_config
 from embedlib.training.data import (
     beir_contextual_rows,
     beir_pairs,
@@ -25,6 +27,8 @@ from embedlib.training.data import (
 from embedlib.training.merge import merge_checkpoints, slerp
 from embedlib.training.recipe import read_recipe
 from embedlib.training.stages import DiffusionObjective, PretrainCollator
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -83,6 +87,12 @@ def test_config_errors_name_the_field(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("stage: triplet\nmodel: m\noutput: o\ndata: {url: d.jsonl}\n")
     assert load_config(str(path), {"optimizer.lr": 1e-4}).optimizer.lr == 1e-4
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "jobs" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    config = (load_merge_config if path.stem.endswith("-merge") else load_config)(str(path))
+    assert config.output
 
 
 def test_beir_pairs_and_bm25_hard_negatives(shared_data, tmp_path):

@@ -58,6 +58,7 @@ def test_two_worker_deepspeed_zero2_pair_run_over_s3(
             "max_steps": 3,
             "optimizer": {"lr": 1e-3},
             "matryoshka_dims": [16, 32],
+            "anchor_weight": 1.0,  # the frozen starting model rides along in the DeepSpeed engine
             "deepspeed": {"zero_stage": 2},
             "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
             "checkpoint_url": f"{s3_bucket}/checkpoints",
@@ -68,6 +69,7 @@ def test_two_worker_deepspeed_zero2_pair_run_over_s3(
     result = train(cfg)
     assert [row["step"] for row in result.history] == [1, 2, 3]
     assert all(row["tokens_per_s"] > 0 for row in result.history)
+    assert result.history[-1]["anchor_loss"] > 0  # the trained model has moved away from its frozen copy
     trained = Encoder.from_pretrained(tmp_path / "model", device="cpu")
     assert (
         trained.weights_hash != Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu").weights_hash

@@ -228,6 +228,11 @@ def contextual_loss(
     return beta * global_loss + (1.0 - beta) * local_loss
 
 
+def anchor_loss(pooled: Sequence[torch.Tensor], anchored: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Mean ``1 - cos`` between each embedding and the starting model's on the same text (the forgetting guard)."""
+    return torch.stack([(1.0 - cosine(p, a)).mean() for p, a in zip(pooled, anchored, strict=True)]).mean()
+
+
 def matryoshka(
     loss: Callable[..., torch.Tensor],
     pooled: Sequence[torch.Tensor],

@@ -6,6 +6,7 @@ The modules are built from the encoder core (``load_backbone``, ``Encoder.tokeni
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -31,6 +32,7 @@ from embedlib.objectives import (
 from embedlib.objectives.contrastive import (
     PAIR_TEMPERATURE,
     TRIPLET_TEMPERATURE,
+    anchor_loss,
     both,
     not_judged_relevant,
     same_source_other_query,
@@ -98,18 +100,35 @@ class NextTokenLM(torch.nn.Module):
 
 
 class ContrastiveModel(torch.nn.Module):
-    """An ``Encoder``'s backbone with the loss of a contrastive stage on INT8 straight-through embeddings."""
+    """An ``Encoder``'s backbone with the loss of a contrastive stage on INT8 straight-through embeddings.
 
-    def __init__(self, encoder: Encoder, cfg: TrainConfig):
+    ``anchor``: a frozen copy of the starting model (``cfg.anchor_weight`` > 0), which the forgetting guard
+    pulls the trained embeddings toward."""
+
+    def __init__(self, encoder: Encoder, cfg: TrainConfig, anchor: torch.nn.Module | None = None):
         super().__init__()
         self.backbone = encoder.model
         self.encoder = encoder
         self.cfg = cfg
+        self.anchor = anchor
         self.dims = [*(cfg.matryoshka_dims or []), None]
         self.progress = 0.0  # contextual β schedule: fraction of training done, set by the runner
 
     def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.encoder.pooled(batch["input_ids"], batch["attention_mask"])
+
+    def train(self, mode: bool = True) -> ContrastiveModel:
+        super().train(mode)
+        if self.anchor is not None:
+            self.anchor.eval()  # the reference stays deterministic: no dropout
+        return self
+
+    @torch.no_grad()
+    def embed_anchored(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The starting model's pooled embeddings of the same texts."""
+        mask = batch["attention_mask"].to(self.encoder.device)
+        states = self.anchor(input_ids=batch["input_ids"].to(self.encoder.device), attention_mask=mask)
+        return self.encoder.pooling(states.last_hidden_state, mask)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         stage, cfg = self.cfg.stage, self.cfg
@@ -118,18 +137,20 @@ class ContrastiveModel(torch.nn.Module):
             same_source_other_query(batch.get("source_hash"), batch.get("query_hash")),
             not_judged_relevant(batch.get("relevant_keys"), batch.get("doc_key")),
         )
+        if stage == "contextual":
+            return {"loss": self.contextual(batch, q)}
+        d = self.embed(batch["positive"])
         if stage == "pair":
             temperature = cfg.temperature or PAIR_TEMPERATURE
             hashes = batch["doc_hash"]
             loss = matryoshka(
                 lambda a, b: pair_loss(a, b, temperature, cfg.false_negative_margin, hashes, keep),
-                [q, self.embed(batch["positive"])],
+                [q, d],
                 self.dims,
                 cfg.binary_weight,
             )
-        elif stage == "triplet":
+        else:
             temperature = cfg.temperature or TRIPLET_TEMPERATURE
-            d = self.embed(batch["positive"])
             negatives = self.embed(batch["negatives"]).view(q.shape[0], -1, q.shape[1])
             loss = matryoshka(
                 lambda a, b, n: triplet_loss(a, b, n, temperature, keep),
@@ -137,9 +158,10 @@ class ContrastiveModel(torch.nn.Module):
                 self.dims,
                 cfg.binary_weight,
             )
-        else:
-            loss = self.contextual(batch, q)
-        return {"loss": loss}
+        if self.anchor is None:
+            return {"loss": loss}
+        anchor = anchor_loss([q, d], [self.embed_anchored(batch["query"]), self.embed_anchored(batch["positive"])])
+        return {"loss": loss + cfg.anchor_weight * anchor, "anchor_loss": anchor.detach()}
 
     def contextual(self, batch: dict, q: torch.Tensor) -> torch.Tensor:
         """Late chunking: one forward over each whole document, chunks mean-pooled over their token spans."""
@@ -275,12 +297,20 @@ def build_stage(cfg: TrainConfig, seed: int) -> StageParts:
     else:
         backbone = load_backbone(cfg.model, device="cpu", dtype="fp32", max_length=cfg.data.max_length)
         encoder = Encoder(backbone)
+    anchor = frozen_copy(encoder.model) if cfg.anchor_weight else None
     if cfg.lora is not None:
         from embedlib.training.lora import add_lora
 
         encoder.model = encoder.backbone.model = add_lora(encoder.model, cfg.lora)
     encoder.model.train()
-    return StageParts(ContrastiveModel(encoder, cfg), encoder, ContrastiveCollator(encoder, cfg))
+    return StageParts(ContrastiveModel(encoder, cfg, anchor), encoder, ContrastiveCollator(encoder, cfg))
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in eval mode with no trainable parameters."""
+    anchor = copy.deepcopy(model).eval()
+    anchor.requires_grad_(False)
+    return anchor
 
 
 def build_diffretriever(cfg: TrainConfig) -> StageParts:
