@@ -94,8 +94,8 @@ def ndcg_at_10(scores: np.ndarray, query_ids: list[str], doc_ids: list[str], qre
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", help="comma-separated name=path (default: the quality table's base and recommended)",
-                        default=f"base={default_model_path()},multi-anchor-3ep={QUALITY}/multi-anchor-3ep")
+    parser.add_argument("--models", default=f"base={default_model_path()},multi-anchor-3ep={QUALITY}/multi-anchor-3ep",
+                        help="comma-separated name=path (default: the quality table's base and recommended)")
     parser.add_argument("--sets", default="scifact")
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))

@@ -14,8 +14,8 @@ spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anch
 - ``multi-anchor-3ep-merged``: that model merged with the base, the weight swept on held-out dev queries by
   jobs/configs/minilm-general-merge.yaml (the one closest to the base that keeps half of the best dev gain);
 - ``multi-anchor-3ep-nobinary``: without the binary term; ``single-anchor-3ep``: on SciFact train alone;
-  ``multi-3ep``: without the anchor (the recommended row's ablations); ``multi-anchor-3ep-seed1``: the same
-  recipe with another seed (mixture sample and initialisation), for the run-to-run spread;
+  ``multi-3ep``: without the anchor (the recommended row's ablations); ``multi-anchor-3ep-seed1`` and
+  ``-seed2``: the same recipe with other seeds (mixture sample and initialisation), for the run-to-run spread;
 - ``multi-anchor``, ``multi-anchor-2ep``: 1 and 2 epochs; ``single-anchor``; ``multi-anchor-w30``: weight 30;
 - the 1-epoch recipes without the anchor: ``multi``, ``multi-merged`` and ``single-merged`` (each swept),
   ``single``, ``multi-nobinary``, ``multi-nobinary-merged`` (at ``multi-merged``'s weight), ``multi-nfnegtop``
@@ -64,7 +64,8 @@ QUANTIZATIONS = ("float", "int8", "binary")
 RECOMMENDED = "multi-anchor-3ep"  # the shipped config itself (checked at start)
 ROWS = (
     "base", "multi-anchor-3ep", "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep",
-    "multi-3ep", "multi-anchor-3ep-seed1", "multi-anchor", "multi-anchor-2ep", "single-anchor", "multi-anchor-w30",
+    "multi-3ep", "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
+    "multi-anchor", "multi-anchor-2ep", "single-anchor", "multi-anchor-w30",
     "multi", "multi-merged", "single", "single-merged", "multi-nobinary", "multi-nobinary-merged",
     "multi-nfnegtop", "multi-lora",
 )
@@ -79,6 +80,7 @@ RECIPES = {
     "single-anchor-3ep": {"sources": ["scifact"]} | ANCHORED_3EP,
     "multi-3ep": {"epochs": 3} | NO_ANCHOR,
     "multi-anchor-3ep-seed1": {"seed": 1} | ANCHORED_3EP,  # another mixture sample and initialisation
+    "multi-anchor-3ep-seed2": {"seed": 2} | ANCHORED_3EP,
     "multi-anchor": {"anchor_weight": 10.0} | ONE_EPOCH,
     "multi-anchor-2ep": {"anchor_weight": 10.0, "epochs": 2},
     "single-anchor": {"sources": ["scifact"], "anchor_weight": 10.0} | ONE_EPOCH,
@@ -96,6 +98,7 @@ ABLATIONS = [
     ("without vs with merge (anchored)", "multi-anchor-3ep", "multi-anchor-3ep-merged"),
     ("without vs with binary term (anchored)", "multi-anchor-3ep-nobinary", "multi-anchor-3ep"),
     ("seed 0 vs 1: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed1"),
+    ("seed 0 vs 2: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed2"),
     ("1 vs 3 epochs (anchored)", "multi-anchor", "multi-anchor-3ep"),
     ("without vs with the anchor (1 epoch)", "multi", "multi-anchor"),
     ("single- vs multi-source (1 epoch, anchored)", "single-anchor", "multi-anchor"),
