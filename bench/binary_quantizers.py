@@ -33,23 +33,20 @@ sys.path.insert(0, str(ROOT / "bench"))
 from result_file import Result  # noqa: E402
 
 from embedlib.data import default_model_path  # noqa: E402
-from embedlib.encoding.quantize import quantize_int8  # noqa: E402
+from embedlib.encoding.quantize import binary_straight_through, quantize_int8  # noqa: E402
 from embedlib.eval.beir import load_beir  # noqa: E402
 from embedlib.eval.metrics import evaluate_run  # noqa: E402
 from embedlib.eval.systems import ModelEmbeddings  # noqa: E402
+from embedlib.index.faiss_shards import normalized  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 QUALITY = "/tmp/embedlib-bench/quality"  # bench/quality_table.py's --work
 
 
 def signs(x: np.ndarray) -> np.ndarray:
-    """``±1`` where ``quantize_binary`` sets / clears the bit; the dot product of two is ``d - 2·Hamming``."""
-    return np.where(x > 0, 1.0, -1.0).astype(np.float32)
-
-
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(min=1e-12)
+    """``±1`` as training's ``binary_straight_through`` gives them: the bit ``quantize_binary`` sets is ``+1``, so
+    the dot product of two is ``d - 2·Hamming``."""
+    return binary_straight_through(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
 
 
 def int8_codes(x: np.ndarray) -> np.ndarray:
@@ -75,14 +72,14 @@ def code_scores(queries: np.ndarray, docs: np.ndarray) -> dict[str, np.ndarray]:
     mean, median = docs.mean(0), np.median(docs, 0)
     rotation, itq = random_rotation(docs.shape[1]), itq_rotation(docs - mean)
     return {
-        "float": unit_rows(queries) @ unit_rows(docs).T,
-        "int8": unit_rows(int8_codes(queries)) @ unit_rows(int8_codes(docs)).T,
+        "float": normalized(queries) @ normalized(docs).T,
+        "int8": normalized(int8_codes(queries)) @ normalized(int8_codes(docs)).T,
         "binary": signs(queries) @ signs(docs).T,
         "binary-centred": signs(queries - mean) @ signs(docs - mean).T,
         "binary-median": signs(queries - median) @ signs(docs - median).T,
         "binary-centred-rotated": signs((queries - mean) @ rotation) @ signs((docs - mean) @ rotation).T,
         "binary-itq": signs((queries - mean) @ itq) @ signs((docs - mean) @ itq).T,
-        "asymmetric": unit_rows(queries) @ signs(docs).T,
+        "asymmetric": normalized(queries) @ signs(docs).T,
     }
 
 
