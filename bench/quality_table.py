@@ -5,17 +5,19 @@ FAISS paths the index serves (cosine on INT8 codes, Hamming on packed bits).
     python bench/quality_table.py                        # train what is missing, sweep the merge, evaluate all
     python bench/quality_table.py --rows base,multi-3ep      # only these rows (measured rows are kept)
     python bench/quality_table.py --previous bench/results/quality_table.json   # keep an earlier run's rows
+    python bench/quality_table.py --eval-max-length 256 --rows base,multi-anchor-3ep   # quality_table-len256.*
 
 Rows (names: ``multi`` the four-source mixture of SciFact train, NFCorpus dev, Quora train groups and Gutenberg
 spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anchor_weight`` 10, none otherwise;
 ``2ep`` / ``3ep`` epochs of 48 steps, 1 otherwise; ``-merged`` SLERP-merged with the base):
 - ``base``: the model as shipped;
-- ``multi-anchor-3ep`` (recommended): jobs/configs/minilm-general.yaml itself, binary term on;
-- ``multi-anchor-3ep-merged``: that model merged with the base, the weight swept on held-out dev queries by
+- ``multi-anchor-3ep-doc256`` (recommended): jobs/configs/minilm-general.yaml itself (256-token training
+  documents, binary term on); ``-merged``: merged with the base, the weight swept on held-out dev queries by
   jobs/configs/minilm-general-merge.yaml (the one closest to the base that keeps half of the best dev gain);
-- ``multi-anchor-3ep-nobinary``: without the binary term; ``single-anchor-3ep``: on SciFact train alone;
-  ``multi-3ep``: without the anchor (the recommended row's ablations); ``multi-anchor-3ep-seed1`` and
-  ``-seed2``: the same recipe with other seeds (mixture sample and initialisation), for the run-to-run spread;
+- ``multi-anchor-3ep``: the same on 96-token documents (every row below trains on 96), and its ablations:
+  ``-merged`` (swept likewise), ``-nobinary`` without the binary term, ``single-anchor-3ep`` on SciFact train
+  alone, ``multi-3ep`` without the anchor, ``-seed1`` and ``-seed2`` with other seeds (mixture sample and
+  initialisation), for the run-to-run spread;
 - ``multi-anchor``, ``multi-anchor-2ep``: 1 and 2 epochs; ``single-anchor``; ``multi-anchor-w30``: weight 30;
 - the 1-epoch recipes without the anchor: ``multi``, ``multi-merged`` and ``single-merged`` (each swept),
   ``single``, ``multi-nobinary``, ``multi-nobinary-merged`` (at ``multi-merged``'s weight), ``multi-nfnegtop``
@@ -25,8 +27,10 @@ spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anch
 Training runs in this process (``bench/train_common.plain_loop``: the same stage module and optimiser as the
 Ray Train runner, which ``jobs/train.py`` drives with the same YAML). Every model's float embeddings of each
 corpus are encoded once and cached by weights hash (``--cache``); INT8 and binary are derived from them. Each
-measured row is saved under ``--work`` so an interrupted run resumes; the table is written from every
-measured row: ``bench/results/quality_table.{json,md,png}`` (+ the merge curve PNG).
+measured row is saved under ``--work`` (per evaluation length) so an interrupted run resumes; the table is written
+from every measured row: ``bench/results/quality_table.{json,md,png}`` (+ the merge curve PNG), or
+``quality_table-len<N>.*`` when evaluated at another ``--eval-max-length`` than 128 (256 is MiniLM's own length
+and the issue's: base SciFact 0.6487 there).
 """
 
 from __future__ import annotations
@@ -61,28 +65,35 @@ DATA = ROOT.parent / "shared" / "data"
 CONFIG = ROOT / "jobs" / "configs" / "minilm-general.yaml"
 MERGE_CONFIG = ROOT / "jobs" / "configs" / "minilm-general-merge.yaml"
 QUANTIZATIONS = ("float", "int8", "binary")
-RECOMMENDED = "multi-anchor-3ep"  # the shipped config itself (checked at start)
+RECOMMENDED = "multi-anchor-3ep-doc256"  # the shipped config itself (checked at start)
+DEFAULT_EVAL_MAX_LENGTH = 128
 ROWS = (
-    "base", "multi-anchor-3ep", "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep",
-    "multi-3ep", "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
+    "base", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
+    "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep", "multi-3ep",
+    "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
     "multi-anchor", "multi-anchor-2ep", "single-anchor", "multi-anchor-w30",
     "multi", "multi-merged", "single", "single-merged", "multi-nobinary", "multi-nobinary-merged",
     "multi-nfnegtop", "multi-lora",
 )
 # Merged rows whose weight is swept on dev; the others take WEIGHT_FROM's chosen weight.
-SWEPT, WEIGHT_FROM = ("multi-anchor-3ep-merged", "multi-merged", "single-merged"), "multi-merged"
+SWEPT = ("multi-anchor-3ep-doc256-merged", "multi-anchor-3ep-merged", "multi-merged", "single-merged")
+WEIGHT_FROM = "multi-merged"
 # Trained rows: overrides of the shipped config ("sources": the names of its sources kept; "source_fields":
-# fields set on one source). Each names its anchor weight and epochs so that it means the same whatever ships.
-ANCHORED_3EP, ONE_EPOCH, NO_ANCHOR = {"anchor_weight": 10.0, "epochs": 3}, {"epochs": 1}, {"anchor_weight": 0.0}
+# fields set on one source). Each names its document length, anchor weight and epochs so that it means the same
+# whatever ships; every row but the recommended one trains on 96-token documents.
+DOC96 = {"data.max_length": 96}
+ANCHORED_3EP = {"anchor_weight": 10.0, "epochs": 3} | DOC96
+ONE_EPOCH, NO_ANCHOR = {"epochs": 1} | DOC96, {"anchor_weight": 0.0}
 RECIPES = {
+    "multi-anchor-3ep-doc256": ANCHORED_3EP | {"data.max_length": 256},  # training documents as long as evaluated
     "multi-anchor-3ep": ANCHORED_3EP,
     "multi-anchor-3ep-nobinary": {"binary_weight": 0.0} | ANCHORED_3EP,
     "single-anchor-3ep": {"sources": ["scifact"]} | ANCHORED_3EP,
-    "multi-3ep": {"epochs": 3} | NO_ANCHOR,
+    "multi-3ep": {"epochs": 3} | DOC96 | NO_ANCHOR,
     "multi-anchor-3ep-seed1": {"seed": 1} | ANCHORED_3EP,  # another mixture sample and initialisation
     "multi-anchor-3ep-seed2": {"seed": 2} | ANCHORED_3EP,
     "multi-anchor": {"anchor_weight": 10.0} | ONE_EPOCH,
-    "multi-anchor-2ep": {"anchor_weight": 10.0, "epochs": 2},
+    "multi-anchor-2ep": {"anchor_weight": 10.0, "epochs": 2} | DOC96,
     "single-anchor": {"sources": ["scifact"], "anchor_weight": 10.0} | ONE_EPOCH,
     "multi-anchor-w30": {"anchor_weight": 30.0} | ONE_EPOCH,
     "multi": ONE_EPOCH | NO_ANCHOR,
@@ -91,12 +102,14 @@ RECIPES = {
     "multi-nfnegtop": {"source_fields": {"nfcorpus": {"negatives_skip_top": 0}}} | ONE_EPOCH | NO_ANCHOR,
     "multi-lora": {"lora": {"r": 16, "alpha": 32}, "optimizer.lr": 5.0e-4} | ONE_EPOCH | NO_ANCHOR,
 }
-# (what, without, with): the first four explain the recommended row; the rest are the 1-epoch recipes before it.
+# (what, without, with): the first five explain the recommended row; the rest are the recipes before it.
 ABLATIONS = [
+    ("96- vs 256-token training documents (anchored)", "multi-anchor-3ep", "multi-anchor-3ep-doc256"),
+    ("without vs with merge (anchored, 256 tokens)", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged"),
     ("without vs with the anchor", "multi-3ep", "multi-anchor-3ep"),
     ("single- vs multi-source (anchored)", "single-anchor-3ep", "multi-anchor-3ep"),
-    ("without vs with merge (anchored)", "multi-anchor-3ep", "multi-anchor-3ep-merged"),
     ("without vs with binary term (anchored)", "multi-anchor-3ep-nobinary", "multi-anchor-3ep"),
+    ("without vs with merge (anchored)", "multi-anchor-3ep", "multi-anchor-3ep-merged"),
     ("seed 0 vs 1: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed1"),
     ("seed 0 vs 2: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed2"),
     ("1 vs 3 epochs (anchored)", "multi-anchor", "multi-anchor-3ep"),
@@ -111,7 +124,7 @@ ABLATIONS = [
     ("NFCorpus negatives from BM25's top vs 20 places down (1 epoch)", "multi-nfnegtop", "multi"),
     ("full fine-tuning vs LoRA (1 epoch)", "multi", "multi-lora"),
 ]
-PLOTTED = ("base", *dict.fromkeys(name for _, a, b in ABLATIONS[:4] for name in (a, b)))  # the PNG's rows
+PLOTTED = ("base", *dict.fromkeys(name for _, a, b in ABLATIONS[:5] for name in (a, b)))  # the PNG's rows
 
 
 def eval_sets(quora: BeirDataset) -> dict[str, tuple[BeirDataset, bool]]:
@@ -218,13 +231,27 @@ def check_recommended_is_shipped() -> None:
         raise SystemExit(f"{RECOMMENDED}'s recipe {RECIPES[RECOMMENDED]} is not {CONFIG.relative_to(ROOT)}")
 
 
-def seed_rows(previous: Path, work: Path) -> list[str]:
+def row_file(work: Path, name: str, eval_max_length: int) -> Path:
+    """Where a measured row is saved: one file per row and evaluation length."""
+    return work / f"row-{name}-len{eval_max_length}.json"
+
+
+def table_name(eval_max_length: int) -> str:
+    """``quality_table`` at the default evaluation length, ``quality_table-len<N>`` at another."""
+    return "quality_table" if eval_max_length == DEFAULT_EVAL_MAX_LENGTH else f"quality_table-len{eval_max_length}"
+
+
+def seed_rows(previous: Path, work: Path, eval_max_length: int) -> list[str]:
     """Write the rows of an earlier table under ``work`` where not measured there, each marked ``seeded_from``
-    that table's command, commit and start; their names. A merge's source still trains if the merge is missing."""
+    that table's command, commit and start; their names. A merge's source still trains if the merge is missing.
+    A table evaluated at another length seeds nothing."""
     earlier = json.loads(previous.read_text())
+    if earlier["figures"]["eval_max_length"] != eval_max_length:
+        raise SystemExit(f"--previous {previous} was evaluated at max_length {earlier['figures']['eval_max_length']},"
+                         f" not --eval-max-length {eval_max_length}")
     seeded = []
     for name, entry in earlier["figures"]["rows"].items():
-        saved = work / f"row-{name}.json"
+        saved = row_file(work, name, eval_max_length)
         if name in ROWS and not saved.exists():
             entry.setdefault("seeded_from", {k: earlier[k] for k in ("command", "commit", "started_at")})
             saved.write_text(json.dumps(entry, indent=1))
@@ -354,7 +381,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {ROWS}")
     parser.add_argument("--work", default="/tmp/embedlib-bench/quality")
-    parser.add_argument("--eval-max-length", type=int, default=128)
+    parser.add_argument("--eval-max-length", type=int, default=DEFAULT_EVAL_MAX_LENGTH,
+                        help="tokens per text when evaluating; another length writes quality_table-len<N>.*")
     parser.add_argument("--steps", type=int, help="optimizer steps per recipe (default: the config's epochs)")
     parser.add_argument("--torch-threads", type=int, default=2)
     parser.add_argument("--previous", type=Path,
@@ -366,16 +394,17 @@ def main() -> None:
     if unknown:
         parser.error(f"--rows: unknown {unknown}; known {list(ROWS)}")
     check_recommended_is_shipped()
-    result = Result("quality_table")
+    output = table_name(args.eval_max_length)
+    result = Result(output)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     if args.previous:
-        print(f"rows from {args.previous}: {seed_rows(args.previous, work)}", flush=True)
+        print(f"rows from {args.previous}: {seed_rows(args.previous, work, args.eval_max_length)}", flush=True)
     quora_source = next(s for s in load_config(str(CONFIG)).data.sources if s.kind == "q2q")
     sets = eval_sets(heldout_dataset(quora_source))
     measured = {}
     for name in ROWS:
-        saved = work / f"row-{name}.json"
+        saved = row_file(work, name, args.eval_max_length)
         if name in wanted and not saved.exists():
             started = time.time()
             path, made = model_path(name, work, args)
@@ -388,8 +417,8 @@ def main() -> None:
             measured[name] = json.loads(saved.read_text())
     table = build_table(measured, args, result)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "quality_table.md").write_text(markdown(table))
-    (RESULTS / "quality_table.png").write_bytes(table_png(table))
+    (RESULTS / f"{output}.md").write_text(markdown(table))
+    (RESULTS / f"{output}.png").write_bytes(table_png(table))
     curve_png = work / f"{RECOMMENDED}-merged" / "merge_sweep.png"
     if curve_png.exists():
         (RESULTS / "quality_table_merge_curve.png").write_bytes(curve_png.read_bytes())

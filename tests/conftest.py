@@ -189,6 +189,24 @@ def train_config(stage: str, model: str | Path, output: str | Path, data: dict, 
     return from_dict(TrainConfig, {"stage": stage, "model": str(model), "output": str(output), "data": data, **fields})
 
 
+def tiny_pair_values(model: str | Path, data_url: str, tmp_path: Path, run_name: str, **fields) -> dict:
+    """A two-worker pair run over ``data_url`` in batches of 4 (64-token documents, 32-token queries)."""
+    return {
+        "stage": "pair", "model": str(model), "output": str(tmp_path / "model"),
+        "data": {"url": data_url, "max_length": 64, "query_max_length": 32}, "batch_size": 4,
+        "optimizer": {"lr": 1e-3}, "scaling": {"num_workers": 2, "cpus_per_worker": 0.5}, "run_name": run_name,
+        **fields,
+    }
+
+
+def cranfield_pair_rows(shared_data: Path, count: int) -> list[dict]:
+    """The first ``count`` (query, relevant document) rows of Cranfield."""
+    from embedlib.eval.beir import load_beir
+    from embedlib.training.data import beir_pairs
+
+    return beir_pairs(load_beir(str(shared_data / "cranfield"), "test"))[:count]
+
+
 def tiny_pretrain_values(model: str | Path, tmp_path: Path, run_name: str, **fields) -> dict:
     """A one-worker pretraining run over ``tmp_path/text.jsonl`` with a checkpoint after every step."""
     return {

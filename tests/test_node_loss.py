@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import ray
+from conftest import cranfield_pair_rows, tiny_pair_values
 from local_cluster import add_worker_node, node_named
 from train_faults import CheckpointMarkers, HoldForNodeLoss, wait_for_file
 
@@ -81,28 +82,16 @@ def test_served_search_answers_the_same_after_losing_a_node(multinode_cluster, s
 def test_two_worker_training_resumes_from_its_checkpoint_after_losing_a_node(
     multinode_cluster, tiny_models, shared_data, tmp_path
 ):
-    from test_training_ray import pair_rows
-
     from embedlib.training.config import TrainConfig, from_dict
     from embedlib.training.data import write_rows
     from embedlib.training.runner import train
 
-    write_rows(pair_rows(shared_data, 48), str(tmp_path / "pairs.parquet"))
-    cfg = from_dict(TrainConfig, {
-        "stage": "pair",
-        "model": str(tiny_models["pplx-embed"]),
-        "output": str(tmp_path / "model"),
-        "data": {"url": str(tmp_path / "pairs.parquet"), "max_length": 64, "query_max_length": 32},
-        "batch_size": 4,
-        "max_steps": 4,
-        "optimizer": {"lr": 1e-3},
-        "deepspeed": {"zero_stage": 2},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5, "placement_strategy": "STRICT_SPREAD"},
-        "checkpoint_url": str(tmp_path / "ckpt"),
-        "checkpoint_every": 2,
-        "max_failures": 2,
-        "run_name": "node-loss",
-    })
+    write_rows(cranfield_pair_rows(shared_data, 48), str(tmp_path / "pairs.parquet"))
+    cfg = from_dict(TrainConfig, tiny_pair_values(
+        tiny_models["pplx-embed"], str(tmp_path / "pairs.parquet"), tmp_path, "node-loss", max_steps=4,
+        deepspeed={"zero_stage": 2}, checkpoint_url=str(tmp_path / "ckpt"), checkpoint_every=2, max_failures=2,
+        scaling={"num_workers": 2, "cpus_per_worker": 0.5, "placement_strategy": "STRICT_SPREAD"},
+    ))
     markers = tmp_path / "markers"
     markers.mkdir()
     outcome: dict = {}

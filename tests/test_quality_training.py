@@ -18,6 +18,7 @@ from embedlib.objectives.contrastive import (
     matryoshka,
     not_judged_relevant,
     pair_loss,
+    same_document,
     same_source_other_query,
 )
 from embedlib.training.config import MergeConfig, SourceConfig, TrainConfig
@@ -178,6 +179,20 @@ def test_documents_judged_relevant_to_a_query_are_not_its_in_batch_negatives():
             "relevant_ids": [["d0", "d2"], ["d1"], ["d0", "d2"], ["d1", "d2"]]}
     keys = ContrastiveCollator(None, train_config([{"name": "a", "kind": "beir", "url": "x"}])).mixture_keys(rows)
     assert torch.equal(not_judged_relevant(keys["relevant_keys"], keys["doc_key"]), expected)
+
+
+
+def test_the_pair_stage_tells_documents_of_different_sources_apart(minilm_path):
+    from embedlib.encoding.encoder import Encoder
+
+    rows = {"source": ["a", "a", "a", "b"], "query_id": ["q0", "q1", "q2", "q3"], "doc_id": ["d0", "d1", "d1", "d1"],
+            "query": ["w", "x", "y", "z"], "positive": ["p0", "p1", "p1", "p1 in b"],
+            "relevant_ids": [["d0"], ["d1"], ["d1"], ["d1"]]}
+    cfg = train_config([{"name": "a", "kind": "beir", "url": "x"}, {"name": "b", "kind": "beir", "url": "y"}])
+    batch = ContrastiveCollator(Encoder.from_pretrained(str(minilm_path), max_length=16), cfg)(rows)
+    same = same_document(batch["doc_hash"], batch["doc_hash"])
+    assert same[1, 2] and not same[1, 3]  # "a"'s d1 twice is one document; "b"'s d1 is another
+    assert torch.equal(batch["doc_hash"], batch["doc_key"])  # one identity for both in-batch masks
 
 
 def test_binary_straight_through_matches_the_served_codes_and_passes_gradients():

@@ -1,5 +1,6 @@
-"""Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-2 over S3 on multi-source mixture rows,
-contextual training on 2 workers with ZeRO-3, a killed worker resuming, a diverging run stopping.
+"""Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-3 and the forgetting guard over S3 on
+multi-source mixture rows, contextual training on 2 workers with ZeRO-3, a killed worker resuming, a diverging
+run stopping. ZeRO-2 runs in test_diffretriever_training.py and test_node_loss.py.
 
 The first DeepSpeed use on a machine JIT-compiles its small shared-memory communication op with g++
 (``deepspeed_shm_comm``, cached under ``~/.cache/torch_extensions``); the optimizer is torch's AdamW, so no
@@ -11,7 +12,7 @@ from __future__ import annotations
 import csv
 
 import pytest
-from conftest import tiny_pretrain_values
+from conftest import tiny_pair_values, tiny_pretrain_values
 from train_faults import CheckpointMarkers, KillAfterCheckpoint
 
 from embedlib.encoding.encoder import Encoder
@@ -24,13 +25,6 @@ from embedlib.training.runner import TrainingDiverged, train
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
-def pair_rows(shared_data, count: int) -> list[dict]:
-    from embedlib.eval.beir import load_beir
-    from embedlib.training.data import beir_pairs
-
-    return beir_pairs(load_beir(str(shared_data / "cranfield"), "test"))[:count]
-
-
 def mixture_pair_rows(shared_data, count: int) -> list[dict]:
     """Two-source mixture rows (same-source batches of 4): list columns (``relevant_ids``) and mask keys."""
     from embedlib.training.config import SourceConfig
@@ -40,32 +34,18 @@ def mixture_pair_rows(shared_data, count: int) -> list[dict]:
     return build_mixture(sources, rows=count, batch_size=4)
 
 
-def test_two_worker_deepspeed_zero2_pair_run_over_s3(
+def test_two_worker_deepspeed_zero3_anchored_pair_run_over_s3(
     ray_cluster, s3_bucket, tiny_models, shared_data, tmp_path
 ):
     data_url = f"{s3_bucket}/train/pairs.parquet"
     rows = mixture_pair_rows(shared_data, 48)
     assert {r["source"] for r in rows} == {"cranfield", "cisi"} and all(r["relevant_ids"] for r in rows)
     write_rows(rows, data_url)
-    cfg = from_dict(
-        TrainConfig,
-        {
-            "stage": "pair",
-            "model": str(tiny_models["pplx-embed"]),
-            "output": str(tmp_path / "model"),
-            "data": {"url": data_url, "max_length": 64, "query_max_length": 32},
-            "batch_size": 4,
-            "max_steps": 3,
-            "optimizer": {"lr": 1e-3},
-            "matryoshka_dims": [16, 32],
-            "anchor_weight": 1.0,  # the frozen starting model rides along in the DeepSpeed engine
-            "deepspeed": {"zero_stage": 2},
-            "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
-            "checkpoint_url": f"{s3_bucket}/checkpoints",
-            "checkpoint_every": 3,
-            "run_name": "zero2",
-        },
-    )
+    cfg = from_dict(TrainConfig, tiny_pair_values(
+        tiny_models["pplx-embed"], data_url, tmp_path, "zero3-anchored", max_steps=3, matryoshka_dims=[16, 32],
+        anchor_weight=1.0,  # the frozen starting model rides along in the DeepSpeed engine, partitioned by ZeRO-3
+        deepspeed={"zero_stage": 3}, checkpoint_url=f"{s3_bucket}/checkpoints", checkpoint_every=3,
+    ))
     result = train(cfg)
     assert [row["step"] for row in result.history] == [1, 2, 3]
     assert all(row["tokens_per_s"] > 0 for row in result.history)

@@ -353,6 +353,21 @@ def chunk_window(
     return gold, [(0, len(ids))], ids
 
 
+def row_sources(rows: dict) -> list[str]:
+    """Each row's source name ("" for rows from a single source)."""
+    return [str(s) for s in rows["source"]] if "source" in rows else [""] * len(next(iter(rows.values())))
+
+
+def document_key(source: str, doc_id: object) -> int:
+    """A document's identity: ids are per source, so source "a"'s d1 is not source "b"'s d1."""
+    return text_hash(f"{source}\x00{doc_id}")
+
+
+def document_hashes(rows: dict, keys: Sequence) -> torch.Tensor:
+    """``(B,)`` int64 :func:`document_key` of each row's document."""
+    return torch.tensor([document_key(s, k) for s, k in zip(row_sources(rows), keys, strict=True)], dtype=torch.int64)
+
+
 class ContrastiveCollator:
     """Tokenize a batch of pair / triplet / contextual rows into the forward's inputs."""
 
@@ -365,8 +380,7 @@ class ContrastiveCollator:
         if cfg.stage in ("pair", "triplet"):
             batch["positive"] = padded(self.encoder, rows["positive"], cfg.data.max_length)
         if cfg.stage == "pair":
-            keys = rows["doc_id"] if "doc_id" in rows else rows["positive"]
-            batch["doc_hash"] = torch.tensor([text_hash(str(k)) for k in keys], dtype=torch.int64)
+            batch["doc_hash"] = document_hashes(rows, rows["doc_id"] if "doc_id" in rows else rows["positive"])
         if cfg.stage == "triplet":
             negatives = hard_negatives(rows, "negatives", cfg.hard_negatives)
             batch["negatives"] = padded(self.encoder, negatives, cfg.data.max_length)
@@ -380,12 +394,9 @@ class ContrastiveCollator:
         relevant to its query (rows with ``relevant_ids``), which in-batch negatives are masked by."""
         keys = {}
         if "relevant_ids" in rows and "doc_id" in rows:
-            sources = rows.get("source") or [""] * len(rows["doc_id"])
-            keys["doc_key"] = torch.tensor(
-                [text_hash(f"{s}\x00{d}") for s, d in zip(sources, rows["doc_id"], strict=True)], dtype=torch.int64
-            )
-            relevant = [[text_hash(f"{s}\x00{d}") for d in ids] or [int(k)] for s, ids, k in
-                        zip(sources, rows["relevant_ids"], keys["doc_key"], strict=True)]
+            keys["doc_key"] = document_hashes(rows, rows["doc_id"])
+            relevant = [[document_key(s, d) for d in ids] or [int(k)] for s, ids, k in
+                        zip(row_sources(rows), rows["relevant_ids"], keys["doc_key"], strict=True)]
             width = max(len(r) for r in relevant)
             keys["relevant_keys"] = torch.tensor([r + [r[0]] * (width - len(r)) for r in relevant], dtype=torch.int64)
         if self.cfg.same_source_negatives and "source" in rows:
@@ -419,5 +430,5 @@ class ContrastiveCollator:
             "spans": span_mask,
             "chunk_valid": span_mask.sum(-1) > 0,
             "gold": torch.tensor(golds, dtype=torch.long),
-            "doc_hash": torch.tensor([text_hash(str(k)) for k in keys], dtype=torch.int64),
+            "doc_hash": document_hashes(rows, keys),
         }
