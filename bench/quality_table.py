@@ -244,7 +244,7 @@ def table_name(eval_max_length: int) -> str:
 def seed_rows(previous: Path, work: Path, eval_max_length: int) -> list[str]:
     """Write the rows of an earlier table under ``work`` where not measured there, each marked ``seeded_from``
     that table's command, commit and start; their names. A merge's source still trains if the merge is missing.
-    A table evaluated at another length seeds nothing."""
+    A table evaluated at another length is refused."""
     earlier = json.loads(previous.read_text())
     if earlier["figures"]["eval_max_length"] != eval_max_length:
         raise SystemExit(f"--previous {previous} was evaluated at max_length {earlier['figures']['eval_max_length']},"

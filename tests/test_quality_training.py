@@ -181,7 +181,6 @@ def test_documents_judged_relevant_to_a_query_are_not_its_in_batch_negatives():
     assert torch.equal(not_judged_relevant(keys["relevant_keys"], keys["doc_key"]), expected)
 
 
-
 def test_the_pair_stage_tells_documents_of_different_sources_apart(minilm_path):
     from embedlib.encoding.encoder import Encoder
 
