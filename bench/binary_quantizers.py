@@ -3,15 +3,18 @@ stores d bits per document (48 B for MiniLM), ranked by Hamming distance, except
 
     python bench/binary_quantizers.py                      # base and the recommended model, SciFact test
     python bench/binary_quantizers.py --models base=PATH --sets scifact,nfcorpus-test
+    python bench/binary_quantizers.py --max-length 256     # the issue's length: binary_quantizers-len256.json
 
-Codes, from the model's float embeddings at the quality table's 128 tokens (cached by weights hash):
+Codes, from the model's float embeddings (cached by weights hash), at the quality table's 128 tokens unless
+``--max-length`` says otherwise:
 - ``binary``: ``sign(x)``, what the index serves (``quantize_binary``);
 - ``binary-centred``: ``sign(x - mean)``, the mean of the corpus's embeddings;
 - ``binary-median``: ``sign(x - median)``, every bit set on half the corpus;
 - ``binary-centred-rotated``: ``sign(R(x - mean))``, ``R`` a random orthogonal rotation (SimHash-like);
 - ``binary-itq``: ``R`` learned by iterative quantization (Gong & Lazebnik 2011) on the corpus;
 - ``asymmetric``: float query against the documents' ``sign(x)`` (the documents stay 1 bit a dimension), an
-  upper bound of what re-scoring binary candidates with the float query can give.
+  upper bound of what re-scoring binary candidates with the float query can give;
+- ``asymmetric-centred``: ``x - mean`` float query against the documents' ``sign(x - mean)``.
 
 Centring, medians and rotations are fitted on the evaluated corpus itself (as an index would be trained on
 its documents), which flatters them: read the figures as a ceiling.
@@ -30,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from quality_table import DEFAULT_EVAL_MAX_LENGTH, RECOMMENDED  # noqa: E402
 from result_file import Result  # noqa: E402
 
 from embedlib.data import default_model_path  # noqa: E402
@@ -80,6 +84,7 @@ def code_scores(queries: np.ndarray, docs: np.ndarray) -> dict[str, np.ndarray]:
         "binary-centred-rotated": signs((queries - mean) @ rotation) @ signs((docs - mean) @ rotation).T,
         "binary-itq": signs((queries - mean) @ itq) @ signs((docs - mean) @ itq).T,
         "asymmetric": normalized(queries) @ signs(docs).T,
+        "asymmetric-centred": normalized(queries - mean) @ signs(docs - mean).T,
     }
 
 
@@ -91,13 +96,14 @@ def ndcg_at_10(scores: np.ndarray, query_ids: list[str], doc_ids: list[str], qre
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=f"base={default_model_path()},multi-anchor-3ep={QUALITY}/multi-anchor-3ep",
+    parser.add_argument("--models", default=f"base={default_model_path()},{RECOMMENDED}={QUALITY}/{RECOMMENDED}",
                         help="comma-separated name=path (default: the quality table's base and recommended)")
     parser.add_argument("--sets", default="scifact")
-    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--max-length", type=int, default=DEFAULT_EVAL_MAX_LENGTH)
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
     args = parser.parse_args()
-    result = Result("binary_quantizers")
+    at_default_length = args.max_length == DEFAULT_EVAL_MAX_LENGTH
+    result = Result("binary_quantizers" if at_default_length else f"binary_quantizers-len{args.max_length}")
     started = time.time()
     figures: dict = {"max_length": args.max_length, "metric": "ndcg@10", "models": {}}
     for item in args.models.split(","):

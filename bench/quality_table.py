@@ -14,6 +14,7 @@ spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anch
 - ``multi-anchor-3ep-doc256`` (recommended): jobs/configs/minilm-general.yaml itself (256-token training
   documents, binary term on); ``-merged``: merged with the base, the weight swept on held-out dev queries by
   jobs/configs/minilm-general-merge.yaml (the one closest to the base that keeps half of the best dev gain);
+  ``-seed1`` and ``-seed2``: the same config with other seeds, for its run-to-run spread;
 - ``multi-anchor-3ep``: the same on 96-token documents (every row below trains on 96), and its ablations:
   ``-merged`` (swept likewise), ``-nobinary`` without the binary term, ``single-anchor-3ep`` on SciFact train
   alone, ``multi-3ep`` without the anchor, ``-seed1`` and ``-seed2`` with other seeds (mixture sample and
@@ -71,6 +72,7 @@ ROWS = (
     "base", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
     "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep", "multi-3ep",
     "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
+    "multi-anchor-3ep-doc256-seed1", "multi-anchor-3ep-doc256-seed2",
     "multi-anchor", "multi-anchor-2ep", "single-anchor", "multi-anchor-w30",
     "multi", "multi-merged", "single", "single-merged", "multi-nobinary", "multi-nobinary-merged",
     "multi-nfnegtop", "multi-lora",
@@ -83,9 +85,12 @@ WEIGHT_FROM = "multi-merged"
 # whatever ships; every row but the recommended one trains on 96-token documents.
 DOC96 = {"data.max_length": 96}
 ANCHORED_3EP = {"anchor_weight": 10.0, "epochs": 3} | DOC96
+DOC256 = {"data.max_length": 256}
 ONE_EPOCH, NO_ANCHOR = {"epochs": 1} | DOC96, {"anchor_weight": 0.0}
 RECIPES = {
-    "multi-anchor-3ep-doc256": ANCHORED_3EP | {"data.max_length": 256},  # training documents as long as evaluated
+    "multi-anchor-3ep-doc256": ANCHORED_3EP | DOC256,  # training documents as long as evaluated
+    "multi-anchor-3ep-doc256-seed1": {"seed": 1} | ANCHORED_3EP | DOC256,
+    "multi-anchor-3ep-doc256-seed2": {"seed": 2} | ANCHORED_3EP | DOC256,
     "multi-anchor-3ep": ANCHORED_3EP,
     "multi-anchor-3ep-nobinary": {"binary_weight": 0.0} | ANCHORED_3EP,
     "single-anchor-3ep": {"sources": ["scifact"]} | ANCHORED_3EP,
@@ -112,6 +117,8 @@ ABLATIONS = [
     ("without vs with merge (anchored)", "multi-anchor-3ep", "multi-anchor-3ep-merged"),
     ("seed 0 vs 1: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed1"),
     ("seed 0 vs 2: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed2"),
+    ("seed 0 vs 1 (256 tokens): the run-to-run spread", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-seed1"),
+    ("seed 0 vs 2 (256 tokens): the run-to-run spread", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-seed2"),
     ("1 vs 3 epochs (anchored)", "multi-anchor", "multi-anchor-3ep"),
     ("without vs with the anchor (1 epoch)", "multi", "multi-anchor"),
     ("single- vs multi-source (1 epoch, anchored)", "single-anchor", "multi-anchor"),

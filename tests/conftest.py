@@ -134,8 +134,16 @@ def multinode_cluster(s3_endpoint):
     cluster = start_local_cluster()
     ray.init(address=cluster.address, log_to_driver=False)
     yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    # A thread a failed build left behind (Ray Data's executor) must not auto-connect the driver back to the
+    # head while it is removed: Ray refuses to remove the node its driver is connected to.
+    from ray._private import auto_init_hook
+
+    auto_connect, auto_init_hook.enable_auto_connect = auto_init_hook.enable_auto_connect, False
+    try:
+        ray.shutdown()
+        cluster.shutdown()
+    finally:
+        auto_init_hook.enable_auto_connect = auto_connect
     if was_initialized:
         init_single_node_ray()
 

@@ -1,6 +1,7 @@
 """Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-3 and the forgetting guard over S3 on
-multi-source mixture rows, contextual training on 2 workers with ZeRO-3, a killed worker resuming, a diverging
-run stopping. ZeRO-2 runs in test_diffretriever_training.py and test_node_loss.py.
+multi-source mixture rows (resumed from a checkpoint that leaves the guard's frozen copy out), contextual
+training on 2 workers with ZeRO-3, a killed worker resuming, a diverging run stopping. ZeRO-2 runs in
+test_diffretriever_training.py and test_node_loss.py.
 
 The first DeepSpeed use on a machine JIT-compiles its small shared-memory communication op with g++
 (``deepspeed_shm_comm``, cached under ``~/.cache/torch_extensions``); the optimizer is torch's AdamW, so no
@@ -34,6 +35,22 @@ def mixture_pair_rows(shared_data, count: int) -> list[dict]:
     return build_mixture(sources, rows=count, batch_size=4)
 
 
+def checkpoint_module_keys(url: str) -> set[str]:
+    """The parameter names in a DeepSpeed checkpoint's model states (read weights-only, as resume reads it)."""
+    import io
+
+    import torch
+
+    from embedlib import storage
+
+    fs, path = storage.filesystem(url)
+    keys: set[str] = set()
+    for name in fs.find(path):
+        if name.endswith("model_states.pt"):  # one per rank under ZeRO-3
+            keys |= set(torch.load(io.BytesIO(fs.cat_file(name)), weights_only=True)["module"])
+    return keys
+
+
 def test_two_worker_deepspeed_zero3_anchored_pair_run_over_s3(
     ray_cluster, s3_bucket, tiny_models, shared_data, tmp_path
 ):
@@ -41,12 +58,12 @@ def test_two_worker_deepspeed_zero3_anchored_pair_run_over_s3(
     rows = mixture_pair_rows(shared_data, 48)
     assert {r["source"] for r in rows} == {"cranfield", "cisi"} and all(r["relevant_ids"] for r in rows)
     write_rows(rows, data_url)
-    cfg = from_dict(TrainConfig, tiny_pair_values(
+    values = tiny_pair_values(
         tiny_models["pplx-embed"], data_url, tmp_path, "zero3-anchored", max_steps=3, matryoshka_dims=[16, 32],
         anchor_weight=1.0,  # the frozen starting model rides along in the DeepSpeed engine, partitioned by ZeRO-3
         deepspeed={"zero_stage": 3}, checkpoint_url=f"{s3_bucket}/checkpoints", checkpoint_every=3,
-    ))
-    result = train(cfg)
+    )
+    result = train(from_dict(TrainConfig, values))
     assert [row["step"] for row in result.history] == [1, 2, 3]
     assert all(row["tokens_per_s"] > 0 for row in result.history)
     assert result.history[-1]["anchor_loss"] > 0  # the trained model has moved away from its frozen copy
@@ -59,6 +76,15 @@ def test_two_worker_deepspeed_zero3_anchored_pair_run_over_s3(
         assert [int(r["step"]) for r in csv.DictReader(f)] == [1, 2, 3]
     assert (tmp_path / "model" / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert result.checkpoint and result.checkpoint.startswith(s3_bucket.removeprefix("s3://"))
+    saved = checkpoint_module_keys(f"s3://{result.checkpoint}")
+    assert any(k.startswith("backbone.") for k in saved)
+    assert not any(k.startswith("anchor.") for k in saved)  # the frozen copy is rebuilt on resume, not stored
+
+    resumed = train(from_dict(TrainConfig, values | {"max_steps": 4}))
+    assert [row["step"] for row in resumed.history] == [1, 2, 3, 4]
+    assert resumed.history[-1]["resumed_from_step"] == 3
+    # the rebuilt copy is the starting model: the resumed student is as far from it as before, not at distance 0
+    assert resumed.history[-1]["anchor_loss"] > 0.5 * result.history[-1]["anchor_loss"]
 
 
 def test_two_worker_zero3_contextual_run_saves_whole_weights(ray_cluster, tiny_models, shared_data, tmp_path):

@@ -146,7 +146,9 @@ def save_checkpoint(engine, step: int, history: list[dict], metrics: dict, rank:
 
     folder = tempfile.mkdtemp(prefix=f"embedlib-ckpt-{step}-")
     try:
-        engine.save_checkpoint(folder, tag="state")
+        # Frozen parameters (the forgetting guard's copy of the starting model, LoRA's base weights) are rebuilt
+        # from the starting model on resume: saving them would double an anchored run's checkpoints.
+        engine.save_checkpoint(folder, tag="state", exclude_frozen_parameters=True)
         if rank == 0:
             (Path(folder) / STATE_FILE).write_text(json.dumps({"step": step, "history": history}))
         mode = ray.train.CheckpointUploadMode.ASYNC if upload == "async" else ray.train.CheckpointUploadMode.SYNC
