@@ -14,9 +14,11 @@ Codes, from the model's float embeddings (cached by weights hash), at the qualit
 - ``binary-itq``: ``R`` learned by iterative quantization (Gong & Lazebnik 2011) on the corpus;
 - ``asymmetric``: float query against the documents' ``sign(x)`` (the documents stay 1 bit a dimension), an
   upper bound of what re-scoring binary candidates with the float query can give;
-- ``asymmetric-centred``: ``x - mean`` float query against the documents' ``sign(x - mean)``.
+- ``asymmetric-centred``: ``x - mean`` float query against the documents' ``sign(x - mean)``;
+- ``served-centred``: the same with the model's own binary centre (``binary_centre.json``, fitted on training
+  documents), what the index serves for such a model; only for models that have one.
 
-Centring, medians and rotations are fitted on the evaluated corpus itself (as an index would be trained on
+Except ``served-centred``, centring, medians and rotations are fitted on the evaluated corpus itself (as an index would be trained on
 its documents), which flatters them: read the figures as a ceiling.
 """
 
@@ -37,11 +39,11 @@ from quality_table import DEFAULT_EVAL_MAX_LENGTH, RECOMMENDED  # noqa: E402
 from result_file import Result  # noqa: E402
 
 from embedlib.data import default_model_path  # noqa: E402
-from embedlib.encoding.quantize import binary_straight_through, quantize_int8  # noqa: E402
+from embedlib.encoding.formats import asymmetric_binary_similarity, binary_queries, normalized  # noqa: E402
+from embedlib.encoding.quantize import binary_straight_through, quantize_binary, quantize_int8  # noqa: E402
 from embedlib.eval.beir import load_beir  # noqa: E402
 from embedlib.eval.metrics import evaluate_run  # noqa: E402
 from embedlib.eval.systems import ModelEmbeddings  # noqa: E402
-from embedlib.index.faiss_shards import normalized  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 QUALITY = "/tmp/embedlib-bench/quality"  # bench/quality_table.py's --work
@@ -71,10 +73,12 @@ def itq_rotation(centred: np.ndarray, iterations: int = 50, seed: int = 0) -> np
     return rotation
 
 
-def code_scores(queries: np.ndarray, docs: np.ndarray) -> dict[str, np.ndarray]:
-    """Query-by-document scores ``(nq, nd)`` of each code (higher is better)."""
+def code_scores(queries: np.ndarray, docs: np.ndarray, centre: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Query-by-document scores ``(nq, nd)`` of each code (higher is better); ``centre``: the model's own."""
     mean, median = docs.mean(0), np.median(docs, 0)
     rotation, itq = random_rotation(docs.shape[1]), itq_rotation(docs - mean)
+    served = {} if centre is None else {"served-centred": asymmetric_binary_similarity(
+        binary_queries(queries, centre), quantize_binary(torch.from_numpy(docs), centre))}
     return {
         "float": normalized(queries) @ normalized(docs).T,
         "int8": normalized(int8_codes(queries)) @ normalized(int8_codes(docs)).T,
@@ -85,7 +89,7 @@ def code_scores(queries: np.ndarray, docs: np.ndarray) -> dict[str, np.ndarray]:
         "binary-itq": signs((queries - mean) @ itq) @ signs((docs - mean) @ itq).T,
         "asymmetric": normalized(queries) @ signs(docs).T,
         "asymmetric-centred": normalized(queries - mean) @ signs(docs - mean).T,
-    }
+    } | served
 
 
 def ndcg_at_10(scores: np.ndarray, query_ids: list[str], doc_ids: list[str], qrels: dict) -> float:
@@ -114,7 +118,8 @@ def main() -> None:
             dataset = load_beir(str(DATA / set_name), "test")
             queries = dataset.judged_queries()
             docs = model.float_vectors(dataset.doc_texts(), "corpus")
-            scores = code_scores(model.float_vectors(list(queries.values()), "queries"), docs)
+            query_vectors = model.float_vectors(list(queries.values()), "queries")
+            scores = code_scores(query_vectors, docs, model.encoder.binary_centre)
             row = {code: round(ndcg_at_10(s, list(queries), dataset.doc_ids(), dataset.qrels), 4)
                    for code, s in scores.items()}
             figures["models"][name]["sets"][set_name] = row

@@ -6,6 +6,8 @@ FAISS paths the index serves (cosine on INT8 codes, Hamming on packed bits).
     python bench/quality_table.py --rows base,multi-3ep      # only these rows (measured rows are kept)
     python bench/quality_table.py --previous bench/results/quality_table.json   # keep an earlier run's rows
     python bench/quality_table.py --eval-max-length 256 --rows base,multi-anchor-3ep   # quality_table-len256.*
+    python bench/quality_table.py --eval-max-length 256 --previous bench/results/quality_table-len256.json \
+        --rows multi-anchor-3ep-doc256 --remeasure multi-anchor-3ep-doc256   # evaluate one row again, keep the rest
 
 Rows (names: ``multi`` the four-source mixture of SciFact train, NFCorpus dev, Quora train groups and Gutenberg
 spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anchor_weight`` 10, none otherwise;
@@ -24,6 +26,10 @@ spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anch
   ``single``, ``multi-nobinary``, ``multi-nobinary-merged`` (at ``multi-merged``'s weight), ``multi-nfnegtop``
   (NFCorpus's BM25 negatives from the top of the ranking), ``multi-lora`` (LoRA r 16 on every linear layer,
   lr 5e-4, folded in when saved).
+
+Binary is what the index serves for the model: ``sign(x)`` codes by Hamming distance, or, for a model saved with a
+binary centre ``c`` (training's ``binary_centre_docs``: the recommended config and its seeds), ``sign(x - c)`` codes
+scored against float queries ``x - c``; each row records its ``binary_code``.
 
 Training runs in this process (``bench/train_common.plain_loop``: the same stage module and optimiser as the
 Ray Train runner, which ``jobs/train.py`` drives with the same YAML). Every model's float embeddings of each
@@ -58,6 +64,7 @@ from embedlib.data import default_model_path, resolve_model  # noqa: E402
 from embedlib.eval.beir import BeirDataset, load_beir, read_records  # noqa: E402
 from embedlib.eval.run import evaluate_systems  # noqa: E402
 from embedlib.eval.systems import DenseSystem, ModelEmbeddings  # noqa: E402
+from embedlib.models.loading import BINARY_CENTRE_FILE  # noqa: E402
 from embedlib.training.config import load_config, load_merge_config  # noqa: E402
 from embedlib.training.mixture import heldout_dataset  # noqa: E402
 from embedlib.training.plots import write_history  # noqa: E402
@@ -139,6 +146,12 @@ def eval_sets(quora: BeirDataset) -> dict[str, tuple[BeirDataset, bool]]:
     sets = {name: (load_beir(str(DATA / name), "test"), False) for name in ("scifact", "nfcorpus-test", "cranfield", "cisi")}
     sets["quora-heldout"] = (quora, True)
     return sets
+
+
+def binary_code(path: str) -> str:
+    """How the model's binary column is served: ``sign(x)`` and Hamming, or centred codes and float queries."""
+    centred = (Path(path) / BINARY_CENTRE_FILE).exists()
+    return "sign(x - c) codes, float queries x - c" if centred else "sign(x) codes, Hamming"
 
 
 def evaluate_model(name: str, path: str, sets: dict, args) -> dict:
@@ -274,7 +287,9 @@ def markdown(table: dict) -> str:
     rows, sets = table["rows"], list(table["sets"])
     lines = [
         f"Quality table (`{table['command']}`); INT8 / binary / float; {', '.join(sets)}; "
-        f"eval max_length {table['eval_max_length']}. Metric: nDCG@10 (Q2D), recall@10 (Quora Q2Q).",
+        f"eval max_length {table['eval_max_length']}. Metric: nDCG@10 (Q2D), recall@10 (Quora Q2Q). Binary: "
+        "sign(x) codes by Hamming; rows marked (c): sign(x - c) codes, c the model's saved binary centre, "
+        "scored against float queries x - c.",
         "",
         "| row | " + " | ".join(sets) + " | mean |",
         "|---|" + "---|" * (len(sets) + 1),
@@ -282,7 +297,8 @@ def markdown(table: dict) -> str:
     for name, row in rows.items():
         cells = [" / ".join(f"{row['scores'][s][q]:.4f}" for q in ("int8", "binary", "float")) for s in sets]
         mean = row["mean"]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean['int8']:.4f} / {mean['binary']:.4f} / {mean['float']:.4f} |")
+        centred = row.get("binary_code", "").startswith("sign(x - c)")
+        lines.append(f"| {name}{' (c)' if centred else ''} | " + " | ".join(cells) + f" | {mean['int8']:.4f} / {mean['binary']:.4f} / {mean['float']:.4f} |")
     for name, curve in table.get("merge_curves", {}).items():
         source = name.removesuffix("-merged")
         lines += ["", f"Merge sweep (base -> {source}, dev INT8 nDCG@10 on held-out training queries):", ""]
@@ -394,9 +410,14 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=2)
     parser.add_argument("--previous", type=Path,
                         help="an earlier quality_table.json: its rows count as measured unless measured under --work")
+    parser.add_argument("--remeasure", default="",
+                        help="comma-separated rows evaluated again even where measured or seeded (their models "
+                             "are kept)")
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
     args = parser.parse_args()
     wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
+    remeasure = [r.strip() for r in args.remeasure.split(",") if r.strip()]
+    wanted += [r for r in remeasure if r not in wanted]
     unknown = [r for r in wanted if r not in ROWS]
     if unknown:
         parser.error(f"--rows: unknown {unknown}; known {list(ROWS)}")
@@ -412,11 +433,14 @@ def main() -> None:
     measured = {}
     for name in ROWS:
         saved = row_file(work, name, args.eval_max_length)
+        if name in remeasure:
+            saved.unlink(missing_ok=True)
         if name in wanted and not saved.exists():
             started = time.time()
             path, made = model_path(name, work, args)
             scores = evaluate_model(name, path, sets, args)
-            entry = {"model": path, "made": made, "scores": scores, "mean": mean_over_sets(scores),
+            entry = {"model": path, "made": made, "binary_code": binary_code(path), "scores": scores,
+                     "mean": mean_over_sets(scores),
                      "wall_s": round(time.time() - started, 1),
                      "measured": {**result.git, "started_at": result.started_at}}
             saved.write_text(json.dumps(entry, indent=1))

@@ -190,6 +190,19 @@ def all_ids(url: str | Path) -> list[str]:
     return [i for t in shard_tables(url) for i in t.column("id").to_pylist()]
 
 
+def centred_model(model: Path, target: Path, texts: list[str]) -> Path:
+    """A copy of ``model`` with a binary centre fitted on ``texts`` (as training saves one)."""
+    import shutil
+
+    from embedlib.encoding.encoder import Encoder
+    from embedlib.models.loading import BINARY_CENTRE_FILE
+
+    shutil.copytree(model, target)
+    fitted = Encoder.from_pretrained(target, device="cpu").binary_centre_file(texts, {"test": True})
+    (target / BINARY_CENTRE_FILE).write_text(fitted)
+    return target
+
+
 def train_config(stage: str, model: str | Path, output: str | Path, data: dict, **fields):
     """A validated ``TrainConfig`` for a test (nested fields as plain data, as in YAML)."""
     from embedlib.training.config import TrainConfig, from_dict

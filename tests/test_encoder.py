@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import centred_model
 from transformers import AutoModel
 
 from embedlib import CheckpointError, Encoder
@@ -91,6 +92,25 @@ def test_int8_and_binary_follow_the_formulas(qwen3):
     assert int8.dtype == np.int8 and binary.dtype == np.uint8
     np.testing.assert_array_equal(int8, np.round(127 * np.tanh(pooled)).astype(np.int8))
     np.testing.assert_array_equal(binary, np.packbits(pooled > 0, axis=1))
+
+
+def test_a_saved_binary_centre_is_subtracted_before_the_bits_are_taken(tiny_models, tmp_path):
+    folder = centred_model(tiny_models["pplx-embed"], tmp_path / "centred", SENTENCES)
+    encoder = Encoder.from_pretrained(folder, device="cpu")
+    pooled = encoder.encode(SENTENCES, quantization="float")
+    np.testing.assert_allclose(encoder.binary_centre, pooled.mean(axis=0), atol=1e-5)
+    np.testing.assert_array_equal(
+        encoder.encode(SENTENCES, quantization="binary"), np.packbits(pooled > encoder.binary_centre, axis=1)
+    )
+    np.testing.assert_array_equal(  # Matryoshka: the centre's first dims
+        encoder.encode(SENTENCES, quantization="binary", dim=16), np.packbits(pooled[:, :16] > encoder.binary_centre[:16], axis=1)
+    )
+    encoder.save_pretrained(tmp_path / "saved")  # the centre travels with the model
+    np.testing.assert_array_equal(Encoder.from_pretrained(tmp_path / "saved", device="cpu").binary_centre,
+                                  encoder.binary_centre)
+    (folder / "binary_centre.json").write_text(json.dumps({"centre": [0.0] * 3}))
+    with pytest.raises(CheckpointError, match=f"binary_centre.json: 'centre' must be {encoder.dim} finite"):
+        Encoder.from_pretrained(folder, device="cpu")
 
 
 def test_mean_pooling_matches_manual_mean_of_token_states(qwen3):

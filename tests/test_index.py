@@ -14,11 +14,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import all_ids, shard_tables
+from conftest import all_ids, centred_model, shard_tables
 
 from embedlib import storage
 from embedlib.data import SAMPLE_DATASET
-from embedlib.encoding.formats import cosine_similarity
+from embedlib.encoding.encoder import Encoder
+from embedlib.encoding.formats import (
+    asymmetric_binary_similarity,
+    binary_queries,
+    cosine_similarity,
+    embedded_text,
+)
 from embedlib.index import (
     ConfigError,
     IndexJobConfig,
@@ -291,6 +297,41 @@ def test_parquet_input_index_types(ray_cluster, tmp_path, tiny_models, quantizat
         index.search(np.zeros((1, 32), dtype=np.float64 if quantization != "float" else np.int8), k=3)
     with pytest.raises(IndexMismatchError, match="weights"):
         ShardedIndex.open(output, model=tiny_models["bert"])
+
+
+def test_centred_binary_index_scores_float_queries_against_the_stored_codes(ray_cluster, tmp_path, model):
+    rows = cranfield_rows(120)
+    texts = {r["_id"]: embedded_text(r["title"], r["text"]) for r in rows}
+    centred = centred_model(model, tmp_path / "centred", list(texts.values())[:60])
+    encoder = Encoder.from_pretrained(centred, device="cpu")
+    corpus, output = write_jsonl(tmp_path / "c.jsonl", rows), str(tmp_path / "index")
+    build_index(config(corpus, output, centred, quantization="binary"))
+    index = ShardedIndex.open(output)
+    np.testing.assert_allclose(index.binary_centre, encoder.binary_centre)  # recorded in the manifest
+    ids = all_ids(output)
+    stored = np.concatenate([column_matrix(t.column("vector"), np.dtype(np.uint8)) for t in shard_tables(output)])
+    floats = encoder.encode([texts[i] for i in ids], quantization="float")
+    np.testing.assert_array_equal(stored, np.packbits(floats > encoder.binary_centre, axis=1))
+
+    queries = [r["title"] for r in rows[:10]]
+    found = index.search(queries, k=5)  # flat: every code scored exactly with the float query
+    expected = asymmetric_binary_similarity(
+        binary_queries(encoder.encode(queries, quantization="float"), encoder.binary_centre), stored
+    )
+    np.testing.assert_allclose(found.scores, -np.sort(-expected, axis=1)[:, :5], rtol=1e-5)
+    assert [hits[0] for hits in found.ids] == [ids[j] for j in expected.argmax(axis=1)]
+    with pytest.raises(IndexMismatchError, match="float32 \\(centred"):
+        index.search(np.packbits(floats[:1] > 0, axis=1), k=3)
+
+    # HNSW proposes candidates by the Hamming distance of the query's signs; they are re-scored the same way
+    assert build_index(config(corpus, output, centred, quantization="binary", index_type="hnsw")).embedded == 0
+    hnsw = ShardedIndex.open(output).search(queries, k=5)
+    assert sum(a[0] == b[0] for a, b in zip(hnsw.ids, found.ids, strict=True)) >= 9
+    assert (hnsw.scores[:, 0] <= found.scores[:, 0] + 1e-6).all()
+
+    # another centre is another encoding: nothing is reused from the version built with the first
+    (centred / "binary_centre.json").write_text(encoder.binary_centre_file(list(texts.values())[60:], {}))
+    assert build_index(config(corpus, output, centred, quantization="binary")).embedded == len(rows)
 
 
 def test_fewer_hits_than_k_are_padded(ray_cluster, tmp_path, model):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from embedlib.config import ConfigError, from_dict
+from embedlib.encoding.formats import asymmetric_binary_similarity, binary_queries, similarity
 from embedlib.encoding.quantize import binary_straight_through, quantize_binary
 from embedlib.objectives.contrastive import (
     both,
@@ -241,6 +242,30 @@ def toy_gap(binary_weight: float, seed: int) -> float:
         z = torch.randn(256, 16, generator=torch.Generator().manual_seed(9))
         q, d = encoder(z + 0.3 * torch.randn_like(z)), encoder(z + 0.3 * torch.randn_like(z))
         return tie_aware_accuracy(cosine_matrix(q, d)) - tie_aware_accuracy(cosine_matrix(q.sign(), d.sign()))
+
+
+def test_centred_binary_codes_and_float_queries_rank_by_the_documents_signs():
+    rng = np.random.default_rng(0)
+    centre = np.full(16, 6.0, np.float32)  # every embedding shares a large offset, as sentence embeddings do
+    docs = centre + rng.standard_normal((50, 16)).astype(np.float32)
+    codes = quantize_binary(torch.from_numpy(docs), centre)
+    assert (quantize_binary(torch.from_numpy(docs)) == 255).all()  # sign(x) alone: every code the same
+    np.testing.assert_array_equal(codes, np.packbits(docs > centre, axis=1))
+    queries = binary_queries(docs[:5] + 0.1, centre)
+    scores = asymmetric_binary_similarity(queries, codes)
+    signs_ = np.where(docs > centre, 1.0, -1.0)
+    np.testing.assert_allclose(scores, queries @ signs_.T / 4.0, rtol=1e-5)  # cosine with the ±1 codes
+    assert (np.abs(scores) <= 1 + 1e-6).all() and (scores.argmax(axis=1) == np.arange(5)).all()
+    np.testing.assert_array_equal(similarity(queries, codes, "binary"), scores)  # float queries: asymmetric
+    assert similarity(codes[:5], codes, "binary").max() == 0  # packed queries: -Hamming, as before
+
+
+def test_binary_centre_is_for_pair_and_triplet_stages():
+    values = {"model": "m", "output": "o", "data": {"url": "rows.parquet"}}
+    with pytest.raises(ConfigError, match="^binary_centre_docs: is for the pair and triplet stages"):
+        from_dict(TrainConfig, {"stage": "contextual", "binary_centre_docs": 64, **values})
+    with pytest.raises(ConfigError, match="^binary_centre_docs: must be >= 0"):
+        from_dict(TrainConfig, {"stage": "triplet", "binary_centre_docs": -1, **values})
 
 
 def test_binary_term_lowers_the_binary_float_gap_on_a_toy_problem():

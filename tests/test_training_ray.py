@@ -1,7 +1,7 @@
 """Ray Train + DeepSpeed runs on tiny models: 2 workers with ZeRO-3 and the forgetting guard over S3 on
-multi-source mixture rows (resumed from a checkpoint that leaves the guard's frozen copy out), contextual
-training on 2 workers with ZeRO-3, a killed worker resuming, a diverging run stopping. ZeRO-2 runs in
-test_diffretriever_training.py and test_node_loss.py.
+multi-source mixture rows (resumed from a checkpoint that leaves the guard's frozen copy out; the binary centre
+fitted on documents sampled from them), contextual training on 2 workers with ZeRO-3, a killed worker resuming, a
+diverging run stopping. ZeRO-2 runs in test_diffretriever_training.py and test_node_loss.py.
 
 The first DeepSpeed use on a machine JIT-compiles its small shared-memory communication op with g++
 (``deepspeed_shm_comm``, cached under ``~/.cache/torch_extensions``); the optimizer is torch's AdamW, so no
@@ -11,14 +11,16 @@ other kernel is compiled. Workers take half a CPU each so Ray Data's read tasks 
 from __future__ import annotations
 
 import csv
+import json
 
+import numpy as np
 import pytest
 from conftest import tiny_pair_values, tiny_pretrain_values
 from train_faults import CheckpointMarkers, KillAfterCheckpoint
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.training.config import TrainConfig, from_dict
-from embedlib.training.data import beir_contextual_rows, text_rows, write_rows
+from embedlib.training.data import beir_contextual_rows, sample_documents, text_rows, write_rows
 from embedlib.training.runner import TrainingDiverged, train
 
 # Generous timeouts: Ray Train V2 starts several helper actors, each a Python process; on a loaded shared
@@ -62,6 +64,7 @@ def test_two_worker_deepspeed_zero3_anchored_pair_run_over_s3(
         tiny_models["pplx-embed"], data_url, tmp_path, "zero3-anchored", max_steps=3, matryoshka_dims=[16, 32],
         anchor_weight=1.0,  # the frozen starting model rides along in the DeepSpeed engine, partitioned by ZeRO-3
         deepspeed={"zero_stage": 3}, checkpoint_url=f"{s3_bucket}/checkpoints", checkpoint_every=3,
+        binary_centre_docs=16,  # fitted on documents sampled from the rows on S3, saved with the model
     )
     result = train(from_dict(TrainConfig, values))
     assert [row["step"] for row in result.history] == [1, 2, 3]
@@ -72,6 +75,11 @@ def test_two_worker_deepspeed_zero3_anchored_pair_run_over_s3(
         trained.weights_hash != Encoder.from_pretrained(tiny_models["pplx-embed"], device="cpu").weights_hash
     )
     assert trained.encode(["a query"], quantization="int8").shape == (1, trained.dim)
+    fitted = json.loads((tmp_path / "model" / "binary_centre.json").read_text())
+    sampled = sample_documents(data_url, 16, seed=0)
+    assert fitted["fitted_on"]["docs"] == len(sampled) > 8 and set(sampled) <= {r["positive"] for r in rows}
+    assert {r["source"] for r in rows if r["positive"] in sampled} == {"cranfield", "cisi"}  # the whole mixture
+    np.testing.assert_allclose(trained.binary_centre, trained.encode(sampled, quantization="float").mean(0), atol=1e-5)
     with open(tmp_path / "model" / "metrics.csv") as f:
         assert [int(r["step"]) for r in csv.DictReader(f)] == [1, 2, 3]
     assert (tmp_path / "model" / "loss.png").read_bytes()[:4] == b"\x89PNG"

@@ -19,8 +19,10 @@ from embedlib.encoding.formats import QUANTIZATIONS, Quantization, output_dtype,
 from embedlib.encoding.pooling import Pooling
 from embedlib.encoding.quantize import quantize, truncate
 from embedlib.models.loading import (
+    BINARY_CENTRE_FILE,
     Backbone,
     WrapsModel,
+    binary_centre_json,
     load_backbone,
     state_dict_hash,
     write_sentence_transformers_config,
@@ -105,6 +107,11 @@ class Encoder(WrapsModel):
         return cls(load_backbone(path_or_url, device=device, dtype=dtype, max_length=max_length))
 
     # --- properties -------------------------------------------------------------------------------------
+
+    @property
+    def binary_centre(self) -> np.ndarray | None:
+        """What binary codes are centred on (``sign(x - centre)``), from the checkpoint; None: ``sign(x)``."""
+        return self.backbone.binary_centre
 
     @property
     def weights_hash(self) -> str:
@@ -198,7 +205,7 @@ class Encoder(WrapsModel):
             texts, batch_size, max_tokens_per_batch, show_progress, "encode"
         ):
             pooled = truncate(self.pooled(input_ids, attention_mask).float(), dim)
-            out[batch] = quantize(pooled, quantization)
+            out[batch] = quantize(pooled, quantization, self.binary_centre)
         return out
 
     @torch.inference_mode()
@@ -249,7 +256,7 @@ class Encoder(WrapsModel):
         for text_states, offsets in zip(states, self.token_offsets(texts), strict=True):
             spans = chunk_spans(offsets, chunk_tokens)
             pooled = torch.stack([torch.from_numpy(text_states[positions].mean(axis=0)) for positions, _, _ in spans])
-            codes = quantize(truncate(pooled, dim), quantization)
+            codes = quantize(truncate(pooled, dim), quantization, self.binary_centre)
             out.append([Chunk(code, start, end) for code, (_, start, end) in zip(codes, spans, strict=True)])
         return out
 
@@ -269,3 +276,10 @@ class Encoder(WrapsModel):
         self.model.save_pretrained(folder, safe_serialization=True)
         self.tokenizer.save_pretrained(folder)
         write_sentence_transformers_config(folder, self.dim, self.max_length, self.pooling.mode)
+        if self.binary_centre is not None:
+            (folder / BINARY_CENTRE_FILE).write_text(binary_centre_json(self.binary_centre, {"copied_from": self.source}))
+
+    def binary_centre_file(self, texts: Sequence[str], fitted_on: dict) -> str:
+        """``binary_centre.json`` for this model: the mean float embedding of ``texts`` (sample documents)."""
+        centre = self.encode(texts, quantization="float").mean(axis=0)
+        return binary_centre_json(centre, {"docs": len(texts), **fitted_on})

@@ -26,13 +26,15 @@ def output_dtype(quantization: Quantization) -> np.dtype:
     return {"float": np.dtype(np.float32), "int8": np.dtype(np.int8), "binary": np.dtype(np.uint8)}[quantization]
 
 
+def normalized(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length, as contiguous float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Pairwise cosine between the rows of ``a`` and ``b`` (float or int8 inputs)."""
-    a = a.astype(np.float32)
-    b = b.astype(np.float32)
-    a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-    b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-    return a @ b.T
+    return normalized(a) @ normalized(b).T
 
 
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int32)
@@ -44,8 +46,27 @@ def hamming_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _POPCOUNT[xor].sum(axis=-1)
 
 
+def binary_queries(vectors: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """Float queries of a centred binary index: ``x - centre`` (its first ``d`` entries), unit length."""
+    return normalized(vectors - np.asarray(centre, dtype=np.float32)[: vectors.shape[1]])
+
+
+def signs(packed: np.ndarray, dim: int) -> np.ndarray:
+    """Packed binary codes ``(n, B)`` as float32 ``±1`` ``(n, dim)`` (``+1`` where the bit is set)."""
+    return np.unpackbits(packed, axis=-1, count=dim).astype(np.float32) * 2.0 - 1.0
+
+
+def asymmetric_binary_similarity(queries: np.ndarray, packed: np.ndarray) -> np.ndarray:
+    """Cosine between float queries ``(n, d)`` and the ``±1`` vectors of packed codes ``(m, ceil(d/8))``."""
+    dim = queries.shape[1]
+    return normalized(queries) @ signs(packed, dim).T / np.float32(np.sqrt(dim))
+
+
 def similarity(a: np.ndarray, b: np.ndarray, quantization: Quantization) -> np.ndarray:
-    """Higher-is-better pairwise scores: cosine, or ``-hamming`` for binary codes."""
+    """Higher-is-better pairwise scores: cosine, or for binary codes ``-hamming`` (packed queries) or the
+    asymmetric cosine (float queries of a centred binary index)."""
     if quantization == "binary":
+        if a.dtype.kind == "f":
+            return asymmetric_binary_similarity(a, b)
         return -hamming_distance(a, b).astype(np.float32)
     return cosine_similarity(a, b)

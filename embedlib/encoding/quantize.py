@@ -4,7 +4,9 @@
 - Matryoshka truncation to ``dim`` BEFORE quantization;
 - INT8: ``round(127 * tanh(mean))``; training uses a straight-through estimator (forward = rounded,
   backward = gradient of ``127 * tanh``);
-- binary: ``sign(mean)`` of the unquantized mean, packed 8 dimensions per byte (bit set = positive);
+- binary: ``sign(mean)`` of the unquantized mean, packed 8 dimensions per byte (bit set = positive); a model
+  saved with a binary centre ``c`` (``binary_centre.json``) stores ``sign(mean - c)`` instead, and its queries
+  stay float: ``mean - c``, scored against the documents' bits (``asymmetric_binary_similarity``);
 - cosine for int8 (the vectors are not normalized), Hamming for binary.
 """
 
@@ -73,18 +75,25 @@ def quantize_int8(pooled: torch.Tensor) -> torch.Tensor:
     return torch.round(INT8_SCALE * torch.tanh(pooled.float())).to(torch.int8)
 
 
-def quantize_binary(pooled: torch.Tensor) -> np.ndarray:
-    """``sign(x)`` packed 8 per byte, big-endian bit order (``np.packbits``): ``(n, d) -> (n, ceil(d/8))``."""
-    bits = (pooled.float() > 0).cpu().numpy()
+def centred(pooled: torch.Tensor, centre: np.ndarray | None) -> torch.Tensor:
+    """``pooled - centre`` (the centre's first ``d`` entries: Matryoshka), or ``pooled`` without a centre."""
+    if centre is None:
+        return pooled.float()
+    return pooled.float() - torch.as_tensor(centre[: pooled.shape[-1]], dtype=torch.float32, device=pooled.device)
+
+
+def quantize_binary(pooled: torch.Tensor, centre: np.ndarray | None = None) -> np.ndarray:
+    """``sign(x - centre)`` packed 8 per byte, big-endian bit order (``np.packbits``): ``(n, d) -> (n, ceil(d/8))``."""
+    bits = (centred(pooled, centre) > 0).cpu().numpy()
     return np.packbits(bits, axis=-1)
 
 
-def quantize(pooled: torch.Tensor, quantization: Quantization) -> np.ndarray:
-    """Turn pooled float vectors into the stored representation for ``quantization``."""
+def quantize(pooled: torch.Tensor, quantization: Quantization, centre: np.ndarray | None = None) -> np.ndarray:
+    """Turn pooled float vectors into the stored representation for ``quantization`` (``centre``: binary's)."""
     if quantization == "float":
         return pooled.float().cpu().numpy()
     if quantization == "int8":
         return quantize_int8(pooled).cpu().numpy()
     if quantization == "binary":
-        return quantize_binary(pooled)
+        return quantize_binary(pooled, centre)
     raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")

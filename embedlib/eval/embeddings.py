@@ -64,9 +64,12 @@ def _encode_chunk(encoder: Encoder, texts: list[str], cache: str | None) -> np.n
     return vectors
 
 
-def quantized(vectors: np.ndarray, quantization: Quantization, dim: int | None = None) -> np.ndarray:
-    """The stored representation of float ``vectors`` for ``quantization`` (after Matryoshka ``dim``)."""
-    return quantize(truncate(torch.from_numpy(vectors), dim), quantization)
+def quantized(
+    vectors: np.ndarray, quantization: Quantization, dim: int | None = None, centre: np.ndarray | None = None
+) -> np.ndarray:
+    """The stored representation of float ``vectors`` for ``quantization`` (after Matryoshka ``dim``; binary
+    codes centred on ``centre``, the encoder's ``binary_centre``)."""
+    return quantize(truncate(torch.from_numpy(vectors), dim), quantization, centre)
 
 
 class PrefixCache:

@@ -17,14 +17,16 @@ from tqdm.auto import tqdm
 
 from embedlib import storage
 from embedlib.encoding.encoder import Encoder
-from embedlib.encoding.formats import Quantization, output_dtype, output_width
+from embedlib.encoding.formats import Quantization, binary_queries, output_dtype, output_width
 from embedlib.eval.embeddings import PrefixCache, encode_float, quantized
+from embedlib.index.faiss_shards import exhaustive, faiss_queries, rescore
 from embedlib.search.bm25 import BM25Index
 from embedlib.search.results import SearchResult
 
 Part = tuple[Sequence[str], Sequence[str]]  # (ids, texts)
 SEARCH_BATCH = 1024
 ANN_TYPES = ("exact", "hnsw")
+CENTRED_BINARY_RERANK = 10  # HNSW candidates per result re-scored with a centred binary system's float queries
 
 
 class System:
@@ -76,7 +78,8 @@ class ModelEmbeddings:
 class DenseSystem(System):
     """A model's embeddings in one quantization, searched exactly (FAISS flat) or with an in-process HNSW.
 
-    float and int8 are scored by cosine (inner product of L2-normalised vectors), binary by ``-Hamming``.
+    float and int8 are scored by cosine (inner product of L2-normalised vectors), binary by ``-Hamming``, or for
+    a model with a binary centre by the float query's cosine with the ``±1`` codes (as its index serves them).
     """
 
     kind = "dense"
@@ -95,13 +98,24 @@ class DenseSystem(System):
         self.name = f"{model.name}/{quantization}" + (f"@{dim}" if dim else "") + suffix
         self.ids: list[str] = []
         self.index = None
+        self.codes: np.ndarray | None = None
 
     def describe(self) -> dict:
         return {"kind": self.kind, "model": self.model.name, "source": storage.redact_url(self.model.encoder.source),
                 "quantization": self.quantization, "dim": self.dim, "search": self.ann}
 
+    @property
+    def centre(self) -> np.ndarray | None:
+        """The model's binary centre when this system is binary: codes ``sign(x - c)``, float queries ``x - c``."""
+        return self.model.encoder.binary_centre if self.quantization == "binary" else None
+
+    def _query_vectors(self, texts: Sequence[str]) -> np.ndarray:
+        if self.centre is not None:
+            return binary_queries(self.model.float_vectors(texts, "queries")[:, : self.dim], self.centre)
+        return self._vectors(texts, "queries")
+
     def _vectors(self, texts: Sequence[str], desc: str) -> np.ndarray:
-        codes = quantized(self.model.float_vectors(texts, desc), self.quantization, self.dim)
+        codes = quantized(self.model.float_vectors(texts, desc), self.quantization, self.dim, self.centre)
         if self.quantization == "binary":
             return np.ascontiguousarray(codes)
         vectors = np.array(codes, dtype=np.float32)  # a copy: float codes share memory with the cached vectors
@@ -122,13 +136,17 @@ class DenseSystem(System):
     def build(self, parts: Sequence[Part]) -> None:
         self.index = self._new_index()
         self.ids = []
+        codes = []
         for number, (ids, texts) in enumerate(parts):
             vectors = self._vectors(texts, "corpus" if number == 0 else f"corpus part {number + 1}")
             self.index.add(vectors)
             self.ids.extend(ids)
+            codes.append(vectors)
+        # a centred binary system re-scores (or, exact, scans) the stored codes with float queries
+        self.codes = np.concatenate(codes) if self.centre is not None and codes else None
 
     def search(self, queries: Sequence[str], k: int) -> SearchResult:
-        vectors = self._vectors(queries, "queries")
+        vectors = self._query_vectors(queries)
         k = min(k, len(self.ids))
         scores = np.zeros((len(vectors), k), dtype=np.float32)
         positions = np.zeros((len(vectors), k), dtype=np.int64)
@@ -144,12 +162,25 @@ class DenseSystem(System):
         return SearchResult(positions=positions, scores=scores).named(self.ids)
 
     def _search_batch(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.codes is not None:
+            return self._search_centred_binary(vectors, k)
         if self.quantization == "binary":
             distances, positions = self.index.search(vectors, k)
             return -distances.astype(np.float32), positions
         if self.ann == "hnsw":
             self.index.hnsw.efSearch = max(self.ef_search, k)
         return self.index.search(vectors, k)
+
+    def _search_centred_binary(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """As a centred binary shard answers: an exact scan, or HNSW's Hamming candidates re-scored."""
+        if self.ann == "exact":
+            found = exhaustive(queries, self.codes, k, "binary")
+        else:
+            fetch = min(len(self.ids), k * CENTRED_BINARY_RERANK)
+            self.index.hnsw.efSearch = max(self.ef_search, fetch)
+            _, candidates = self.index.search(faiss_queries(queries, "binary", {}), fetch)
+            found = rescore(queries, self.codes, candidates.astype(np.int64), "binary", k)
+        return found.scores, found.positions
 
     def bytes_per_doc(self) -> float:
         """Stored code bytes per document (4·d float, d int8, d/8 binary), plus the HNSW graph if any."""

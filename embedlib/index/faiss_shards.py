@@ -1,8 +1,9 @@
 """FAISS indexes for shards: int8 via ``SQ8_direct_signed``, binary via ``IndexBinary*``, float via flat/IVF-PQ/HNSW.
 
-Scores are always the exact similarity of ``embedlib.encoding.quantize.similarity`` (cosine for int8 and float,
-``-hamming`` for binary): FAISS proposes candidates and they are re-scored from the stored vectors. Flat int8 is
-scanned exhaustively (int8 vectors are not normalized, so FAISS' inner product is not their cosine). For IVF and
+Scores are always the exact similarity of ``embedlib.encoding.formats.similarity`` (cosine for int8 and float,
+``-hamming`` for binary; for the float queries of a centred binary index, their cosine with the documents' ``±1``
+codes): FAISS proposes candidates and they are re-scored from the stored vectors. Flat int8 and flat centred
+binary are scanned exhaustively (int8 vectors are not normalized, so FAISS' inner product is not their cosine). For IVF and
 HNSW over int8, FAISS holds each vector unit-normalized and re-quantized to int8 (``unit_scale``), so its inner
 product approximates the cosine and the candidates it proposes are the right ones.
 """
@@ -17,18 +18,18 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from embedlib import storage
-from embedlib.encoding.formats import cosine_similarity, output_dtype, output_width, similarity
+from embedlib.encoding.formats import (
+    normalized,
+    output_dtype,
+    output_width,
+    similarity,
+)
 from embedlib.index.columns import column_matrix
 from embedlib.index.manifest import check_shard_count, check_vector_width
 from embedlib.index.shard_files import read_checked
 from embedlib.search.results import SearchResult, top_k_candidates
 
 SCAN_ROWS = 65_536  # rows per block of the exhaustive int8 scan
-
-
-def normalized(x: np.ndarray) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def unit_scale(sample: np.ndarray) -> float:
@@ -50,7 +51,10 @@ def faiss_queries(queries: np.ndarray, quantization: str, params: dict) -> np.nd
     """Queries on the scale of the stored vectors (FAISS may quantize int8-index queries like the data)."""
     if quantization == "int8":
         return normalized(queries) * params["unit_scale"]
-    return np.ascontiguousarray(queries, dtype=np.uint8) if quantization == "binary" else normalized(queries)
+    if quantization == "binary":
+        # float queries of a centred binary index propose candidates by the Hamming distance of their signs
+        return np.packbits(queries > 0, axis=-1) if queries.dtype.kind == "f" else np.ascontiguousarray(queries)
+    return normalized(queries)
 
 
 def default_params(
@@ -150,11 +154,11 @@ def set_search_params(index, params: dict) -> None:
 
 
 
-def exhaustive_cosine(queries: np.ndarray, vectors: np.ndarray, k: int) -> SearchResult:
-    """Exact cosine top-k over all stored vectors, scanned in blocks."""
+def exhaustive(queries: np.ndarray, vectors: np.ndarray, k: int, quantization: str) -> SearchResult:
+    """Exact top-k by ``similarity`` over all stored vectors, scanned in blocks."""
     best = SearchResult.empty(len(queries), 0)
     for first in range(0, len(vectors), SCAN_ROWS):
-        scores = cosine_similarity(queries, vectors[first : first + SCAN_ROWS])
+        scores = similarity(queries, vectors[first : first + SCAN_ROWS], quantization)
         positions = np.broadcast_to(np.arange(first, first + scores.shape[1]), scores.shape)
         take = min(k, scores.shape[1])
         part = np.argpartition(-scores, take - 1, axis=1)[:, :take]
@@ -180,14 +184,19 @@ def rescore(
     return top_k_candidates(scores, candidates, k)
 
 
+def is_centred_binary(queries: np.ndarray, quantization: str) -> bool:
+    """Float queries of a binary index: scored asymmetrically (``asymmetric_binary_similarity``)."""
+    return quantization == "binary" and queries.dtype.kind == "f"
+
+
 def search_shard(
     index, vectors: np.ndarray, queries: np.ndarray, k: int, quantization: str, index_type: str, params: dict
 ) -> SearchResult:
     """Top-``k`` rows (positions) of one shard for stored-form queries, with exact scores."""
     if len(vectors) == 0:
         return SearchResult.empty(len(queries), k)
-    if index_type == "flat" and quantization == "int8":
-        return exhaustive_cosine(queries, vectors, k)
+    if index_type == "flat" and (quantization == "int8" or is_centred_binary(queries, quantization)):
+        return exhaustive(queries, vectors, k, quantization)
     set_search_params(index, params)
     fetch = min(len(vectors), k if index_type == "flat" else k * params.get("rerank_factor", 1))
     _, candidates = index.search(faiss_queries(queries, quantization, params), fetch)

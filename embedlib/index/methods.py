@@ -8,7 +8,9 @@ per document) are the two implementations; nothing else branches on the method's
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,6 +60,10 @@ class IndexMethod:
     def spec(self, cfg: IndexJobConfig) -> dict | None:
         """What besides model, quantization, dim, chunking and max length decides an encoding."""
         return None
+
+    def encoding_spec(self, cfg: IndexJobConfig, identity: dict) -> dict | None:
+        """``spec`` plus what of the model's identity besides its weights decides an encoding."""
+        return self.spec(cfg)
 
     def vector_type(self, cfg: IndexJobConfig, identity: dict) -> dict[str, pa.DataType]:
         """The stored columns that carry a document's representation, and their arrow types."""
@@ -115,7 +121,15 @@ class DenseMethod(IndexMethod):
         from embedlib.encoding.encoder import Encoder
 
         encoder = Encoder.from_pretrained(model, device="cpu")
-        return {"weights_hash": encoder.weights_hash, "max_length": encoder.max_length, "width": encoder.dim}
+        identity = {"weights_hash": encoder.weights_hash, "max_length": encoder.max_length, "width": encoder.dim}
+        if encoder.binary_centre is not None:
+            identity["binary_centre"] = [float(v) for v in encoder.binary_centre]
+        return identity
+
+    def encoding_spec(self, cfg: IndexJobConfig, identity: dict) -> dict | None:
+        if cfg.quantization == "binary" and "binary_centre" in identity:
+            return {"binary_centre_sha256": hashlib.sha256(json.dumps(identity["binary_centre"]).encode()).hexdigest()}
+        return None
 
     def vector_type(self, cfg: IndexJobConfig, identity: dict) -> dict[str, pa.DataType]:
         width = output_width(cfg.dim or identity["width"], cfg.quantization)
@@ -181,7 +195,10 @@ class DenseMethod(IndexMethod):
         return files
 
     def manifest_fields(self, cfg: IndexJobConfig, identity: dict, params: dict) -> dict:
-        return {"quantization": cfg.quantization, "index": {"type": cfg.index_type, "params": params}}
+        fields = {"quantization": cfg.quantization, "index": {"type": cfg.index_type, "params": params}}
+        if cfg.quantization == "binary" and "binary_centre" in identity:
+            fields["binary_centre"] = identity["binary_centre"]  # queries are float, centred on it
+        return fields
 
     def load_shard(self, base: str, entry: dict, manifest: dict):
         from embedlib.index.faiss_shards import Shard

@@ -161,7 +161,7 @@ def plan(cfg: IndexJobConfig, files: list[str], after_version: int = 0) -> Build
     identity = model_identity(method, model, cfg)
     key = manifests.encoding_key(
         identity["weights_hash"], cfg.quantization, cfg.dim, cfg.chunk_tokens, identity["max_length"],
-        method.spec(cfg),
+        method.encoding_spec(cfg, identity),
     )
     published = manifests.published_manifest(out)
     version = max([published["version"] if published else 0, *manifests.version_folders(out), after_version]) + 1

@@ -1,8 +1,9 @@
 """``ShardedIndex``: search a published index; fans out over shards (in process, or Ray actors when large).
 
 ``search`` returns a ``SearchResult``: ``scores`` float32 ``(n, k)`` exact similarities (cosine for int8/float,
-``-hamming`` for binary), best first, and the matching ``ids``. When an index holds fewer than ``k`` rows the
-missing places are score ``-inf`` and id ``None``.
+``-hamming`` for binary, the float query's cosine with the ``±1`` codes for a centred binary index), best first,
+and the matching ``ids``. When an index holds fewer than ``k`` rows the missing places are score ``-inf`` and id
+``None``.
 
 How shards are loaded and queries answered is the index method's (``embedlib.index.methods``): a DiffRetriever
 index is searched the same way, its scores MaxSim (``mode="dense"``), sparse dot products (``"sparse"``) or
@@ -19,7 +20,7 @@ import numpy as np
 import ray
 
 from embedlib import storage
-from embedlib.encoding.formats import output_dtype, output_width
+from embedlib.encoding.formats import binary_queries, output_dtype, output_width
 from embedlib.errors import UserError
 from embedlib.index.manifest import read_manifest
 from embedlib.index.methods import manifest_method
@@ -149,24 +150,33 @@ class ShardedIndex:
             self.set_encoder(self.load_encoder(self.manifest["model"]["source"]))
         return self._encoder
 
+    @property
+    def binary_centre(self) -> np.ndarray | None:
+        """A centred binary index's centre (its queries are float ``x - centre``); None otherwise."""
+        centre = self.manifest.get("binary_centre")
+        return None if centre is None else np.asarray(centre, dtype=np.float32)
+
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
-        """Texts -> query vectors in the index's stored form."""
+        """Texts -> query vectors in the index's stored form (float ``x - centre`` for a centred binary index)."""
+        if self.binary_centre is not None:
+            return binary_queries(self.encoder.encode(list(texts), quantization="float", dim=self.dim), self.binary_centre)
         return self.encoder.encode(list(texts), quantization=self.quantization, dim=self.dim)
 
     def check_vectors(self, queries: np.ndarray) -> np.ndarray:
-        """Query vectors must have the index's dtype (its quantization) and width."""
+        """Query vectors must have the index's dtype (its quantization) and width; a centred binary index takes
+        float queries (``encode_queries``), centred on ``binary_centre``."""
         queries = np.asarray(queries)
         if queries.ndim == 1:
             queries = queries[None, :]
-        expected = output_dtype(self.quantization)
-        width = output_width(self.dim, self.quantization)
-        kind = {"int8": "int8", "binary": "uint8 (packed binary)", "float": "float32"}[self.quantization]
+        float_queries = self.quantization == "float" or self.binary_centre is not None
+        expected = np.dtype(np.float32) if float_queries else output_dtype(self.quantization)
+        width = self.dim if float_queries else output_width(self.dim, self.quantization)
+        kind = "float32 (centred on the manifest's binary_centre)" if self.binary_centre is not None else {
+            "int8": "int8", "binary": "uint8 (packed binary)", "float": "float32"}[self.quantization]
         if (
             queries.ndim != 2
             or queries.shape[1] != width
-            or (
-                queries.dtype != expected and not (self.quantization == "float" and queries.dtype.kind == "f")
-            )
+            or (queries.dtype != expected and not (float_queries and queries.dtype.kind == "f"))
         ):
             raise IndexMismatchError(
                 f"index {self.location} is {self.quantization} with dim {self.dim}: query vectors must be "

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -50,6 +51,8 @@ class Backbone:
     max_length: int
     is_decoder: bool
     pooling: str = "mean"  # how the encoder pools token states (``embedlib.encoding.pooling``); saved in 1_Pooling
+    # Subtracted before binary codes are taken (``embedlib.encoding.quantize``); saved in BINARY_CENTRE_FILE.
+    binary_centre: np.ndarray | None = None
 
 
 def default_device() -> torch.device:
@@ -157,6 +160,7 @@ def load_backbone(
         max_length=int(max_length or checkpoint_max_length(folder, tokenizer, config)),
         is_decoder=decoder,
         pooling=read_pooling_mode(folder),
+        binary_centre=read_binary_centre(folder, source, int(model.config.hidden_size)),
     )
 
 
@@ -168,6 +172,30 @@ def state_dict_hash(model: torch.nn.Module) -> str:
         digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}".encode())
         digest.update(data.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+BINARY_CENTRE_FILE = "binary_centre.json"
+
+
+def read_binary_centre(folder: Path, source: str, dim: int) -> np.ndarray | None:
+    """The centre a checkpoint's ``binary_centre.json`` holds (float32 ``(dim,)``), or None where it has none."""
+    path = folder / BINARY_CENTRE_FILE
+    if not path.exists():
+        return None
+    where = f"{storage.redact_url(source)}: {BINARY_CENTRE_FILE}"
+    try:
+        centre = np.asarray(json.loads(path.read_text())["centre"], dtype=np.float32)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{where} is not valid ({err})") from err
+    if centre.shape != (dim,) or not np.isfinite(centre).all():
+        raise CheckpointError(f"{where}: 'centre' must be {dim} finite numbers (the hidden size), got shape "
+                              f"{centre.shape}")
+    return centre
+
+
+def binary_centre_json(centre: np.ndarray, fitted_on: dict) -> str:
+    """The contents of ``binary_centre.json``: the centre and what it was fitted on."""
+    return json.dumps({"centre": [float(v) for v in centre], "fitted_on": fitted_on})
 
 
 # sentence-transformers' Pooling config key of each pooling mode

@@ -104,6 +104,9 @@ class TrainConfig:
     matryoshka_dims: list[int] | None = None  # nested dims; the full width is always included
     # Weight of the sign straight-through (binary) InfoNCE term added to the INT8 one at every Matryoshka width.
     binary_weight: float = 0.0
+    # Pair / triplet: documents sampled from the training rows whose mean embedding is saved with the model as its
+    # binary centre (binary codes become ``sign(x - centre)``, queries of binary indexes float; 0: none).
+    binary_centre_docs: int = 0
     # Pair / triplet: weight of a guard against forgetting, the mean ``1 - cos`` between each query's and positive's
     # pooled embedding and a frozen copy of the starting model's on the same text (0: off).
     anchor_weight: float = 0.0
@@ -168,6 +171,9 @@ def validate(cfg: TrainConfig) -> None:
         ("report_every", cfg.report_every >= 0, "must be >= 0 (0: report with checkpoints only)"),
         ("matryoshka_dims", all(d > 0 for d in cfg.matryoshka_dims or []), "must be positive integers"),
         ("binary_weight", cfg.binary_weight >= 0, "must be >= 0"),
+        ("binary_centre_docs", cfg.binary_centre_docs >= 0, "must be >= 0"),
+        ("binary_centre_docs", not cfg.binary_centre_docs or cfg.stage in ("pair", "triplet"),
+         f"is for the pair and triplet stages, not {cfg.stage!r}"),
         ("anchor_weight", cfg.anchor_weight >= 0, "must be >= 0"),
         ("anchor_weight", not cfg.anchor_weight or cfg.stage in ("pair", "triplet"),
          f"applies to the pair and triplet stages only, not {cfg.stage!r}"),

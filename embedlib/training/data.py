@@ -75,6 +75,20 @@ def read_table(url: str, declared_format: str | None = None) -> pa.Table:
     return pads.dataset(path, filesystem=filesystem, format=fmt).to_table()
 
 
+def sample_documents(url: str, count: int, seed: int, declared_format: str | None = None) -> list[str]:
+    """Up to ``count`` distinct ``positive`` texts of pair/triplet rows, drawn at random (``seed``) from the
+    whole file or folder, so that every source of a mixture is represented."""
+    import pyarrow.dataset as pads
+
+    filesystem, path = arrow_filesystem(url)
+    fmt = "json" if data_format(url, declared_format) == "jsonl" else "parquet"
+    dataset = pads.dataset(path, filesystem=filesystem, format=fmt)
+    rows = dataset.count_rows()
+    picked = np.sort(np.random.default_rng(seed).permutation(rows)[: min(count, rows)])
+    texts = dataset.take(pa.array(picked), columns=["positive"]).column("positive").to_pylist()
+    return list(dict.fromkeys(texts))
+
+
 def read_dataset(url: str, stage: str, declared_format: str | None = None, stream: bool = False):
     """A Ray Dataset of training rows, after checking the stage's columns are present.
 
