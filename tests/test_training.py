@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import train_config
+from conftest import centred_model, train_config
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import BeirDataset, load_beir, read_records
@@ -137,14 +137,14 @@ def test_slerp_endpoints_and_arc():
 
 
 def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
-    first = tiny_models["pplx-embed"]
+    texts = ["aerodynamic heating of a cone", "boundary layer"]
+    first = centred_model(tiny_models["pplx-embed"], tmp_path / "first", texts)
     other = tmp_path / "other"
     encoder = Encoder.from_pretrained(first, device="cpu")
     with torch.no_grad():
         for p in encoder.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     encoder.save_pretrained(other)
-    texts = ["aerodynamic heating of a cone", "boundary layer"]
     for t, expected in ((0.0, first), (1.0, other)):
         merged = merge_checkpoints(first, other, tmp_path / f"m{t}", t)
         assert merged.weights_hash == Encoder.from_pretrained(expected, device="cpu").weights_hash
@@ -157,6 +157,7 @@ def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
         Encoder.from_pretrained(first, device="cpu").weights_hash,
     }
     assert halfway.encode(texts, quantization="float").shape == (2, halfway.dim)
+    assert halfway.binary_centre is None  # the centre was fitted on other weights: not carried over
 
 
 def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):

@@ -84,7 +84,7 @@ def sample_documents(url: str, count: int, seed: int, declared_format: str | Non
     fmt = "json" if data_format(url, declared_format) == "jsonl" else "parquet"
     dataset = pads.dataset(path, filesystem=filesystem, format=fmt)
     rows = dataset.count_rows()
-    picked = np.sort(np.random.default_rng(seed).permutation(rows)[: min(count, rows)])
+    picked = np.sort(np.random.default_rng(seed).choice(rows, size=min(count, rows), replace=False))
     texts = dataset.take(pa.array(picked), columns=["positive"]).column("positive").to_pylist()
     return list(dict.fromkeys(texts))
 

@@ -60,12 +60,14 @@ def interpolate_state_dicts(
 def merged_encoder(
     first: str | os.PathLike, second: Encoder, t: float, method: Method = "slerp", max_length: int | None = None
 ) -> Encoder:
-    """``first`` loaded and moved ``t`` of the way to ``second``'s weights (a fresh encoder: its own weights hash)."""
+    """``first`` loaded and moved ``t`` of the way to ``second``'s weights (a fresh encoder: its own weights hash,
+    and no binary centre: either model's was fitted on other weights)."""
     if not 0.0 <= t <= 1.0:
         raise ValueError(f"t: must be in [0, 1], got {t}")
     encoder = Encoder.from_pretrained(first, device="cpu", dtype="fp32", max_length=max_length)
     weights = interpolate_state_dicts(encoder.model.state_dict(), second.model.state_dict(), t, method)
     encoder.model.load_state_dict(weights)
+    encoder.backbone.binary_centre = None
     return encoder
 
 
