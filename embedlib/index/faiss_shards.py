@@ -3,8 +3,8 @@
 Scores are always the exact similarity of ``embedlib.encoding.formats.similarity`` (cosine for int8 and float,
 ``-hamming`` for binary; for the float queries of a centred binary index, their cosine with the documents' ``±1``
 codes): FAISS proposes candidates and they are re-scored from the stored vectors. Flat int8 and flat centred
-binary are scanned exhaustively (int8 vectors are not normalized, so FAISS' inner product is not their cosine). For IVF and
-HNSW over int8, FAISS holds each vector unit-normalized and re-quantized to int8 (``unit_scale``), so its inner
+binary are scanned exhaustively (int8 vectors are not normalized, so FAISS' inner product is not their cosine;
+FAISS has no float-against-bits search). For IVF and HNSW over int8, FAISS holds each vector unit-normalized and re-quantized to int8 (``unit_scale``), so its inner
 product approximates the cosine and the candidates it proposes are the right ones.
 """
 
@@ -18,18 +18,13 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from embedlib import storage
-from embedlib.encoding.formats import (
-    normalized,
-    output_dtype,
-    output_width,
-    similarity,
-)
+from embedlib.encoding.formats import normalized, output_dtype, output_width, similarity
 from embedlib.index.columns import column_matrix
 from embedlib.index.manifest import check_shard_count, check_vector_width
 from embedlib.index.shard_files import read_checked
 from embedlib.search.results import SearchResult, top_k_candidates
 
-SCAN_ROWS = 65_536  # rows per block of the exhaustive int8 scan
+SCAN_ROWS = 65_536  # rows per block of the exhaustive scan
 
 
 def unit_scale(sample: np.ndarray) -> float:
