@@ -148,10 +148,12 @@ def eval_sets(quora: BeirDataset) -> dict[str, tuple[BeirDataset, bool]]:
     return sets
 
 
+CENTRED_BINARY_CODE, SIGN_BINARY_CODE = "sign(x - c) codes, float queries x - c", "sign(x) codes, Hamming"
+
+
 def binary_code(path: str) -> str:
     """How the model's binary column is served: ``sign(x)`` and Hamming, or centred codes and float queries."""
-    centred = (Path(path) / BINARY_CENTRE_FILE).exists()
-    return "sign(x - c) codes, float queries x - c" if centred else "sign(x) codes, Hamming"
+    return CENTRED_BINARY_CODE if (Path(path) / BINARY_CENTRE_FILE).exists() else SIGN_BINARY_CODE
 
 
 def evaluate_model(name: str, path: str, sets: dict, args) -> dict:
@@ -297,7 +299,7 @@ def markdown(table: dict) -> str:
     for name, row in rows.items():
         cells = [" / ".join(f"{row['scores'][s][q]:.4f}" for q in ("int8", "binary", "float")) for s in sets]
         mean = row["mean"]
-        centred = row.get("binary_code", "").startswith("sign(x - c)")
+        centred = row.get("binary_code") == CENTRED_BINARY_CODE
         lines.append(f"| {name}{' (c)' if centred else ''} | " + " | ".join(cells) + f" | {mean['int8']:.4f} / {mean['binary']:.4f} / {mean['float']:.4f} |")
     for name, curve in table.get("merge_curves", {}).items():
         source = name.removesuffix("-merged")

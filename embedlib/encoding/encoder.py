@@ -277,7 +277,8 @@ class Encoder(WrapsModel):
         self.tokenizer.save_pretrained(folder)
         write_sentence_transformers_config(folder, self.dim, self.max_length, self.pooling.mode)
         if self.binary_centre is not None:
-            (folder / BINARY_CENTRE_FILE).write_text(binary_centre_json(self.binary_centre, {"copied_from": self.source}))
+            fitted_on = {"copied_from": self.source}
+            (folder / BINARY_CENTRE_FILE).write_text(binary_centre_json(self.binary_centre, fitted_on))
 
     def binary_centre_file(self, texts: Sequence[str], fitted_on: dict) -> str:
         """``binary_centre.json`` for this model: the mean float embedding of ``texts`` (sample documents)."""

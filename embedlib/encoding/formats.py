@@ -46,9 +46,15 @@ def hamming_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _POPCOUNT[xor].sum(axis=-1)
 
 
+def centred(vectors: np.ndarray, centre: np.ndarray | None) -> np.ndarray:
+    """``vectors - centre`` (the centre's first ``d`` entries: Matryoshka) as float32; ``vectors`` without one."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    return vectors if centre is None else vectors - np.asarray(centre, dtype=np.float32)[: vectors.shape[-1]]
+
+
 def binary_queries(vectors: np.ndarray, centre: np.ndarray) -> np.ndarray:
-    """Float queries of a centred binary index: ``x - centre`` (its first ``d`` entries), unit length."""
-    return normalized(vectors - np.asarray(centre, dtype=np.float32)[: vectors.shape[1]])
+    """Float queries of a centred binary index: ``x - centre``, unit length."""
+    return normalized(centred(vectors, centre))
 
 
 def signs(packed: np.ndarray, dim: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from embedlib.encoding.formats import QUANTIZATIONS, Quantization
+from embedlib.encoding.formats import QUANTIZATIONS, Quantization, centred
 
 INT8_SCALE = 127.0
 
@@ -75,16 +75,9 @@ def quantize_int8(pooled: torch.Tensor) -> torch.Tensor:
     return torch.round(INT8_SCALE * torch.tanh(pooled.float())).to(torch.int8)
 
 
-def centred(pooled: torch.Tensor, centre: np.ndarray | None) -> torch.Tensor:
-    """``pooled - centre`` (the centre's first ``d`` entries: Matryoshka), or ``pooled`` without a centre."""
-    if centre is None:
-        return pooled.float()
-    return pooled.float() - torch.as_tensor(centre[: pooled.shape[-1]], dtype=torch.float32, device=pooled.device)
-
-
 def quantize_binary(pooled: torch.Tensor, centre: np.ndarray | None = None) -> np.ndarray:
     """``sign(x - centre)`` packed 8 per byte, big-endian bit order (``np.packbits``): ``(n, d) -> (n, ceil(d/8))``."""
-    bits = (centred(pooled, centre) > 0).cpu().numpy()
+    bits = centred(pooled.float().cpu().numpy(), centre) > 0
     return np.packbits(bits, axis=-1)
 
 

@@ -4,8 +4,9 @@ Scores are always the exact similarity of ``embedlib.encoding.formats.similarity
 ``-hamming`` for binary; for the float queries of a centred binary index, their cosine with the documents' ``±1``
 codes): FAISS proposes candidates and they are re-scored from the stored vectors. Flat int8 and flat centred
 binary are scanned exhaustively (int8 vectors are not normalized, so FAISS' inner product is not their cosine;
-FAISS has no float-against-bits search). For IVF and HNSW over int8, FAISS holds each vector unit-normalized and re-quantized to int8 (``unit_scale``), so its inner
-product approximates the cosine and the candidates it proposes are the right ones.
+FAISS has no float-against-bits search). For IVF and HNSW over int8, FAISS holds each vector unit-normalized and
+re-quantized to int8 (``unit_scale``), so its inner product approximates the cosine and the candidates it proposes
+are the right ones.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def faiss_queries(queries: np.ndarray, quantization: str, params: dict) -> np.nd
         return normalized(queries) * params["unit_scale"]
     if quantization == "binary":
         # float queries of a centred binary index propose candidates by the Hamming distance of their signs
-        return np.packbits(queries > 0, axis=-1) if queries.dtype.kind == "f" else np.ascontiguousarray(queries)
+        if is_centred_binary(queries, quantization):
+            return np.packbits(queries > 0, axis=-1)
+        return np.ascontiguousarray(queries)
     return normalized(queries)
 
 

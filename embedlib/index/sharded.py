@@ -158,8 +158,9 @@ class ShardedIndex:
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Texts -> query vectors in the index's stored form (float ``x - centre`` for a centred binary index)."""
-        if self.binary_centre is not None:
-            return binary_queries(self.encoder.encode(list(texts), quantization="float", dim=self.dim), self.binary_centre)
+        centre = self.binary_centre
+        if centre is not None:
+            return binary_queries(self.encoder.encode(list(texts), quantization="float", dim=self.dim), centre)
         return self.encoder.encode(list(texts), quantization=self.quantization, dim=self.dim)
 
     def check_vectors(self, queries: np.ndarray) -> np.ndarray:
@@ -168,10 +169,11 @@ class ShardedIndex:
         queries = np.asarray(queries)
         if queries.ndim == 1:
             queries = queries[None, :]
-        float_queries = self.quantization == "float" or self.binary_centre is not None
+        centred = self.binary_centre is not None
+        float_queries = self.quantization == "float" or centred
         expected = np.dtype(np.float32) if float_queries else output_dtype(self.quantization)
         width = self.dim if float_queries else output_width(self.dim, self.quantization)
-        kind = "float32 (centred on the manifest's binary_centre)" if self.binary_centre is not None else {
+        kind = "float32 (centred on the manifest's binary_centre)" if centred else {
             "int8": "int8", "binary": "uint8 (packed binary)", "float": "float32"}[self.quantization]
         if (
             queries.ndim != 2
