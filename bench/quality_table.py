@@ -28,8 +28,9 @@ spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anch
   lr 5e-4, folded in when saved).
 
 Binary is what the index serves for the model: ``sign(x)`` codes by Hamming distance, or, for a model saved with a
-binary centre ``c`` (training's ``binary_centre_docs``: the recommended config and its seeds), ``sign(x - c)`` codes
-scored against float queries ``x - c``; each row records its ``binary_code``.
+binary centre ``c`` (training's ``binary_centre_docs``: the recommended config and its seeds; the merge config's,
+fitted on the fine-tuned model's training rows: merged rows made since), ``sign(x - c)`` codes scored against
+float queries ``x - c``; each row records its ``binary_code``.
 
 Training runs in this process (``bench/train_common.plain_loop``: the same stage module and optimiser as the
 Ray Train runner, which ``jobs/train.py`` drives with the same YAML). Every model's float embeddings of each
@@ -214,6 +215,8 @@ def merge_row(work: Path, second: str, output: str, sweep: bool, t: float | None
     cfg = load_merge_config(str(MERGE_CONFIG))
     values = {"first": cfg.first, "second": second, "output": output, "method": cfg.method,
               "max_length": cfg.max_length, "quantization": cfg.quantization, "cache": cfg.cache}
+    if cfg.binary_centre_docs:  # fitted on the merged model's own training rows
+        values |= {"binary_centre_docs": cfg.binary_centre_docs, "binary_centre_data": f"{second}.parquet"}
     if sweep:
         values |= {"sweep": cfg.sweep, "keep_gain": cfg.keep_gain, "dev_max_docs": cfg.dev_max_docs,
                    "dev": [{k: getattr(s, k) for k in ("name", "kind", "url", "split", "holdout", "seed")} for s in cfg.dev]}

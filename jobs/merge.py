@@ -6,8 +6,9 @@ python jobs/merge.py --config jobs/configs/minilm-general-merge.yaml   # sweep b
 YAML: ``first``, ``second``, ``output``, ``t``, ``method`` (slerp | linear). A sweep (``sweep: [0.3, 0.5, ...]``)
 scores each weight on the held-out queries of the ``dev`` sources (the training config's sources with the
 same ``holdout``: never trained on, never the test sets), saves the best at ``output`` and writes the curve
-beside it (``merge_sweep.json``, ``merge_sweep.png``). A mistake the user can fix (config field, checkpoint
-path) exits with status 2 and one line on stderr.
+beside it (``merge_sweep.json``, ``merge_sweep.png``). With ``binary_centre_docs`` and ``binary_centre_data``
+(the training rows), the merged model gets its own binary centre (codes ``sign(x - c)``). A mistake the user
+can fix (config field, checkpoint path) exits with status 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
 def merge(argv: list[str] | None) -> int:
     cfg = load_merge_config(parse_args(argv).config)
     cfg.first, cfg.second = resolve_model(cfg.first), resolve_model(cfg.second)
-    check_submitted_paths({"first": cfg.first, "second": cfg.second, "output": cfg.output})
+    check_submitted_paths({"first": cfg.first, "second": cfg.second, "output": cfg.output,
+                           "binary_centre_data": cfg.binary_centre_data})
     from embedlib import storage
     from embedlib.training.merge import merge_checkpoints  # torch: once the config is valid
 
@@ -77,6 +79,10 @@ def merge(argv: list[str] | None) -> int:
             print(f"t={point['t']:g}: {scores} mean {point['mean']:.4f}")
         cfg.t = report["chosen_t"]
     merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t, cfg.method)
+    if cfg.binary_centre_docs:
+        from embedlib.training.centre import fit_binary_centre
+
+        fit_binary_centre(cfg.output, cfg.binary_centre_data, cfg.binary_centre_docs)
     if cfg.sweep:
         storage.write_bytes_atomic(storage.join(cfg.output, "merge_sweep.json"), json.dumps(report, indent=1).encode())
         storage.write_bytes_atomic(storage.join(cfg.output, "merge_sweep.png"), png)

@@ -70,6 +70,11 @@ def test_merge_config_errors_name_the_field():
         with pytest.raises(ConfigError, match=r"^keep_gain:"):
             from_dict(MergeConfig, {"first": "a", "second": "b", "output": "c", "sweep": weights, "dev": dev,
                                     "keep_gain": keep_gain})
+    for fields, field in (({"binary_centre_docs": -1}, "binary_centre_docs"),
+                          ({"binary_centre_docs": 8}, "binary_centre_data"),
+                          ({"binary_centre_data": "rows.parquet"}, "binary_centre_docs")):
+        with pytest.raises(ConfigError, match="^" + field + ":"):
+            from_dict(MergeConfig, {"first": "a", "second": "b", "output": "c", **fields})
 
 
 def test_mixture_follows_weights_in_same_source_batches():

@@ -136,15 +136,21 @@ def test_slerp_endpoints_and_arc():
     assert torch.allclose(slerp(x, 2 * x, 0.5), 1.5 * x)  # parallel: linear
 
 
-def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
-    texts = ["aerodynamic heating of a cone", "boundary layer"]
-    first = centred_model(tiny_models["pplx-embed"], tmp_path / "first", texts)
-    other = tmp_path / "other"
-    encoder = Encoder.from_pretrained(first, device="cpu")
+def perturbed_copy(model: Path, target: Path) -> Path:
+    """``model`` with noise added to every weight, saved at ``target`` (its binary centre kept)."""
+    encoder = Encoder.from_pretrained(model, device="cpu")
     with torch.no_grad():
         for p in encoder.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    encoder.save_pretrained(other)
+    encoder.save_pretrained(target)
+    return target
+
+
+def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
+    texts = ["aerodynamic heating of a cone", "boundary layer"]
+    first = centred_model(tiny_models["pplx-embed"], tmp_path / "first", texts)
+    other = perturbed_copy(first, tmp_path / "other")
+    encoder = Encoder.from_pretrained(other, device="cpu")
     for t, expected in ((0.0, first), (1.0, other)):
         merged = merge_checkpoints(first, other, tmp_path / f"m{t}", t)
         assert merged.weights_hash == Encoder.from_pretrained(expected, device="cpu").weights_hash
@@ -158,6 +164,32 @@ def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
     }
     assert halfway.encode(texts, quantization="float").shape == (2, halfway.dim)
     assert halfway.binary_centre is None  # the centre was fitted on other weights: not carried over
+
+
+def test_merge_job_fits_the_merged_models_own_binary_centre(tiny_models, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.syspath_prepend(str(ROOT / "jobs"))
+    sys.modules.pop("merge", None)
+    import merge as merge_job
+
+    first = centred_model(tiny_models["pplx-embed"], tmp_path / "first", ["a centre of other weights"])
+    second = perturbed_copy(first, tmp_path / "second")
+    positives = [f"document {i} about {word}" for i, word in enumerate(["wings", "cones", "shocks", "heat"] * 3)]
+    rows = tmp_path / "rows.parquet"
+    write_rows([{"query": f"q{i}", "positive": p} for i, p in enumerate(positives)], str(rows))
+    config = tmp_path / "merge.yaml"
+    config.write_text(f"first: {first}\nsecond: {second}\noutput: {tmp_path / 'merged'}\nt: 0.5\n"
+                      f"binary_centre_docs: 100\nbinary_centre_data: {rows}\n")
+    assert merge_job.main(["--config", str(config)]) == 0
+    merged = Encoder.from_pretrained(tmp_path / "merged", device="cpu")
+    expected = merged.encode(positives, quantization="float").mean(axis=0)  # all 12 sampled: fewer than asked
+    np.testing.assert_allclose(merged.binary_centre, expected, atol=1e-5)
+    second_centre = Encoder.from_pretrained(second, device="cpu").binary_centre
+    assert not np.allclose(merged.binary_centre, second_centre, atol=1e-3)  # not the centre either end carries
+
+    config.write_text(f"first: {first}\nsecond: {second}\noutput: {tmp_path / 'm2'}\nbinary_centre_docs: 5\n")
+    assert merge_job.main(["--config", str(config)]) == 2  # the docs without the rows: a config error
 
 
 def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):

@@ -263,8 +263,19 @@ class MergeConfig:
     max_length: int = 128  # token cap when encoding the dev sets
     quantization: Literal["float", "int8", "binary"] = "int8"  # the served path the dev scores use
     cache: str | None = None  # embedding cache (``embedlib.eval.embeddings``)
+    # Binary centre of the merged model (its weights are neither end's, so neither end's centre fits): the mean
+    # embedding of up to ``binary_centre_docs`` positives of the pair/triplet rows at ``binary_centre_data`` (the
+    # training config's ``data.url``), drawn with seed 0; 0: none, binary codes stay ``sign(x)``.
+    binary_centre_docs: int = 0
+    binary_centre_data: str | None = None
 
     def __post_init__(self) -> None:
+        if self.binary_centre_docs < 0:
+            raise ConfigError(f"binary_centre_docs: must be >= 0, got {self.binary_centre_docs}")
+        if self.binary_centre_docs and not self.binary_centre_data:
+            raise ConfigError("binary_centre_data: binary_centre_docs needs the training rows to fit the centre on")
+        if self.binary_centre_data and not self.binary_centre_docs:
+            raise ConfigError("binary_centre_docs: binary_centre_data is set, so say how many documents (>= 1)")
         if self.keep_gain is not None and not 0.0 < self.keep_gain <= 1.0:
             raise ConfigError(f"keep_gain: must be in (0, 1] or null, got {self.keep_gain}")
         if self.keep_gain is not None and self.sweep and 0.0 not in self.sweep:

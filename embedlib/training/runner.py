@@ -288,6 +288,7 @@ def save_trained_model(parts, cfg: TrainConfig) -> None:
     """Write the model so ``Encoder.from_pretrained`` loads it (LoRA merged; the LM head kept when pretraining);
     diffretriever: so ``DiffRetrieverEncoder.from_pretrained`` does (LM head, mask id and format kept)."""
     from embedlib.encoding.encoder import Encoder
+    from embedlib.training.centre import fit_binary_centre
     from embedlib.training.lora import merged
     from embedlib.training.recipe import write_recipe
 
@@ -308,20 +309,8 @@ def save_trained_model(parts, cfg: TrainConfig) -> None:
         )
     )
     saved.save_pretrained(cfg.output)
-    if cfg.binary_centre_docs:
-        save_binary_centre(cfg)
-
-
-def save_binary_centre(cfg: TrainConfig) -> None:
-    """Fit the saved model's binary centre on ``binary_centre_docs`` training documents and save it with it."""
-    from embedlib.encoding.encoder import Encoder
-    from embedlib.models.loading import BINARY_CENTRE_FILE
-    from embedlib.training.data import sample_documents
-
-    texts = sample_documents(cfg.data.url, cfg.binary_centre_docs, cfg.seed, cfg.data.format)
-    encoder = Encoder.from_pretrained(cfg.output)
-    contents = encoder.binary_centre_file(texts, {"data": storage.redact_url(cfg.data.url), "seed": cfg.seed})
-    storage.write_bytes_atomic(storage.join(cfg.output, BINARY_CENTRE_FILE), contents.encode())
+    if cfg.binary_centre_docs:  # loads the saved model: no DeepSpeed (ZeRO-3) hooks in a rank-0 forward pass
+        fit_binary_centre(cfg.output, cfg.data.url, cfg.binary_centre_docs, cfg.seed, cfg.data.format)
 
 
 # --- the driver ----------------------------------------------------------------------------------------------------
