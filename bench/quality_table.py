@@ -7,16 +7,19 @@ FAISS paths the index serves (cosine on INT8 codes, Hamming on packed bits).
     python bench/quality_table.py --previous bench/results/quality_table.json   # keep an earlier run's rows
     python bench/quality_table.py --eval-max-length 256 --rows base,multi-anchor-3ep   # quality_table-len256.*
     python bench/quality_table.py --eval-max-length 256 --previous bench/results/quality_table-len256.json \
-        --rows multi-anchor-3ep-doc256 --remeasure multi-anchor-3ep-doc256   # evaluate one row again, keep the rest
+        --rows multi-anchor-3ep-doc256-lr1e4 --remeasure multi-anchor-3ep-doc256-lr1e4   # one row again, keep the rest
 
 Rows (names: ``multi`` the four-source mixture of SciFact train, NFCorpus dev, Quora train groups and Gutenberg
 spans, ``single`` SciFact train alone; ``anchor`` the forgetting guard at ``anchor_weight`` 10, none otherwise;
-``2ep`` / ``3ep`` epochs of 48 steps, 1 otherwise; ``-merged`` SLERP-merged with the base):
+``2ep`` / ``3ep`` epochs of 48 steps, 1 otherwise; ``lr1e4`` learning rate 1e-4, 5e-5 otherwise; ``-merged``
+SLERP-merged with the base):
 - ``base``: the model as shipped;
-- ``multi-anchor-3ep-doc256`` (recommended): jobs/configs/minilm-general.yaml itself (256-token training
+- ``multi-anchor-3ep-doc256-lr1e4`` (recommended): jobs/configs/minilm-general.yaml itself (256-token training
   documents, binary term on); ``-merged``: merged with the base, the weight swept on held-out dev queries by
   jobs/configs/minilm-general-merge.yaml (the one closest to the base that keeps half of the best dev gain);
-  ``-seed1`` and ``-seed2``: the same config with other seeds, for its run-to-run spread;
+  ``-seed1``: the same config with another seed, for its run-to-run spread;
+- ``multi-anchor-3ep-doc256``: the same at lr 5e-5 (the previous recommendation), with its ``-merged``,
+  ``-seed1`` and ``-seed2``;
 - ``multi-anchor-3ep``: the same on 96-token documents (every row below trains on 96), and its ablations:
   ``-merged`` (swept likewise), ``-nobinary`` without the binary term, ``single-anchor-3ep`` on SciFact train
   alone, ``multi-3ep`` without the anchor, ``-seed1`` and ``-seed2`` with other seeds (mixture sample and
@@ -74,10 +77,11 @@ DATA = ROOT.parent / "shared" / "data"
 CONFIG = ROOT / "jobs" / "configs" / "minilm-general.yaml"
 MERGE_CONFIG = ROOT / "jobs" / "configs" / "minilm-general-merge.yaml"
 QUANTIZATIONS = ("float", "int8", "binary")
-RECOMMENDED = "multi-anchor-3ep-doc256"  # the shipped config itself (checked at start)
+RECOMMENDED = "multi-anchor-3ep-doc256-lr1e4"  # the shipped config itself (checked at start)
 DEFAULT_EVAL_MAX_LENGTH = 128
 ROWS = (
-    "base", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
+    "base", "multi-anchor-3ep-doc256-lr1e4", "multi-anchor-3ep-doc256-lr1e4-seed1", "multi-anchor-3ep-doc256-lr1e4-merged",
+    "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
     "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep", "multi-3ep",
     "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
     "multi-anchor-3ep-doc256-seed1", "multi-anchor-3ep-doc256-seed2",
@@ -86,45 +90,53 @@ ROWS = (
     "multi-nfnegtop", "multi-lora",
 )
 # Merged rows whose weight is swept on dev; the others take WEIGHT_FROM's chosen weight.
-SWEPT = ("multi-anchor-3ep-doc256-merged", "multi-anchor-3ep-merged", "multi-merged", "single-merged")
+SWEPT = ("multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep-merged", "multi-merged",
+         "single-merged")
 WEIGHT_FROM = "multi-merged"
 # Trained rows: overrides of the shipped config ("sources": the names of its sources kept; "source_fields":
-# fields set on one source). Each names its document length, anchor weight and epochs so that it means the same
-# whatever ships; every row but the recommended one trains on 96-token documents.
-DOC96 = {"data.max_length": 96}
-ANCHORED_3EP = {"anchor_weight": 10.0, "epochs": 3} | DOC96
-DOC256 = {"data.max_length": 256}
-ONE_EPOCH, NO_ANCHOR = {"epochs": 1} | DOC96, {"anchor_weight": 0.0}
+# fields set on one source). Each names its document length, learning rate, anchor weight and epochs so that it
+# means the same whatever ships; only the doc256 rows train on 256-token documents, only lr1e4 ones at lr 1e-4.
+DOC96, LR5E5 = {"data.max_length": 96}, {"optimizer.lr": 5.0e-5}
+ANCHORED_3EP = {"anchor_weight": 10.0, "epochs": 3} | DOC96 | LR5E5
+DOC256, LR1E4 = {"data.max_length": 256}, {"optimizer.lr": 1.0e-4}
+ONE_EPOCH, NO_ANCHOR = {"epochs": 1} | DOC96 | LR5E5, {"anchor_weight": 0.0}
 RECIPES = {
+    "multi-anchor-3ep-doc256-lr1e4": ANCHORED_3EP | DOC256 | LR1E4,
+    "multi-anchor-3ep-doc256-lr1e4-seed1": {"seed": 1} | ANCHORED_3EP | DOC256 | LR1E4,
     "multi-anchor-3ep-doc256": ANCHORED_3EP | DOC256,  # training documents as long as evaluated
     "multi-anchor-3ep-doc256-seed1": {"seed": 1} | ANCHORED_3EP | DOC256,
     "multi-anchor-3ep-doc256-seed2": {"seed": 2} | ANCHORED_3EP | DOC256,
     "multi-anchor-3ep": ANCHORED_3EP,
     "multi-anchor-3ep-nobinary": {"binary_weight": 0.0} | ANCHORED_3EP,
     "single-anchor-3ep": {"sources": ["scifact"]} | ANCHORED_3EP,
-    "multi-3ep": {"epochs": 3} | DOC96 | NO_ANCHOR,
+    "multi-3ep": {"epochs": 3} | DOC96 | LR5E5 | NO_ANCHOR,
     "multi-anchor-3ep-seed1": {"seed": 1} | ANCHORED_3EP,  # another mixture sample and initialisation
     "multi-anchor-3ep-seed2": {"seed": 2} | ANCHORED_3EP,
     "multi-anchor": {"anchor_weight": 10.0} | ONE_EPOCH,
-    "multi-anchor-2ep": {"anchor_weight": 10.0, "epochs": 2} | DOC96,
+    "multi-anchor-2ep": {"anchor_weight": 10.0, "epochs": 2} | DOC96 | LR5E5,
     "single-anchor": {"sources": ["scifact"], "anchor_weight": 10.0} | ONE_EPOCH,
     "multi-anchor-w30": {"anchor_weight": 30.0} | ONE_EPOCH,
     "multi": ONE_EPOCH | NO_ANCHOR,
     "single": {"sources": ["scifact"]} | ONE_EPOCH | NO_ANCHOR,
     "multi-nobinary": {"binary_weight": 0.0} | ONE_EPOCH | NO_ANCHOR,
     "multi-nfnegtop": {"source_fields": {"nfcorpus": {"negatives_skip_top": 0}}} | ONE_EPOCH | NO_ANCHOR,
-    "multi-lora": {"lora": {"r": 16, "alpha": 32}, "optimizer.lr": 5.0e-4} | ONE_EPOCH | NO_ANCHOR,
+    "multi-lora": ONE_EPOCH | NO_ANCHOR | {"lora": {"r": 16, "alpha": 32}, "optimizer.lr": 5.0e-4},
 }
-# (what, without, with): the first five explain the recommended row; the rest are the recipes before it.
+# (what, without, with): the first six explain the recommended row; the rest are the recipes before it.
 ABLATIONS = [
+    ("lr 5e-5 vs 1e-4 (anchored, 256 tokens)", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-lr1e4"),
     ("96- vs 256-token training documents (anchored)", "multi-anchor-3ep", "multi-anchor-3ep-doc256"),
-    ("without vs with merge (anchored, 256 tokens)", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged"),
+    ("without vs with merge (anchored, 256 tokens, lr 1e-4)", "multi-anchor-3ep-doc256-lr1e4",
+     "multi-anchor-3ep-doc256-lr1e4-merged"),
     ("without vs with the anchor", "multi-3ep", "multi-anchor-3ep"),
     ("single- vs multi-source (anchored)", "single-anchor-3ep", "multi-anchor-3ep"),
     ("without vs with binary term (anchored)", "multi-anchor-3ep-nobinary", "multi-anchor-3ep"),
     ("without vs with merge (anchored)", "multi-anchor-3ep", "multi-anchor-3ep-merged"),
     ("seed 0 vs 1: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed1"),
     ("seed 0 vs 2: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed2"),
+    ("seed 0 vs 1 (256 tokens, lr 1e-4): the run-to-run spread", "multi-anchor-3ep-doc256-lr1e4",
+     "multi-anchor-3ep-doc256-lr1e4-seed1"),
+    ("without vs with merge (anchored, 256 tokens)", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged"),
     ("seed 0 vs 1 (256 tokens): the run-to-run spread", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-seed1"),
     ("seed 0 vs 2 (256 tokens): the run-to-run spread", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-seed2"),
     ("1 vs 3 epochs (anchored)", "multi-anchor", "multi-anchor-3ep"),
@@ -139,7 +151,7 @@ ABLATIONS = [
     ("NFCorpus negatives from BM25's top vs 20 places down (1 epoch)", "multi-nfnegtop", "multi"),
     ("full fine-tuning vs LoRA (1 epoch)", "multi", "multi-lora"),
 ]
-PLOTTED = ("base", *dict.fromkeys(name for _, a, b in ABLATIONS[:5] for name in (a, b)))  # the PNG's rows
+PLOTTED = ("base", *dict.fromkeys(name for _, a, b in ABLATIONS[:6] for name in (a, b)))  # the PNG's rows
 
 
 def eval_sets(quora: BeirDataset) -> dict[str, tuple[BeirDataset, bool]]:

@@ -134,16 +134,19 @@ class DenseSystem(System):
         return faiss.IndexFlatIP(self.dim)
 
     def build(self, parts: Sequence[Part]) -> None:
-        self.index = self._new_index()
+        # a centred binary system re-scores (or, exact, scans) the stored codes with float queries: the exact scan
+        # needs no FAISS index, HNSW only proposes candidates
+        centred = self.centre is not None
+        self.index = None if centred and self.ann == "exact" else self._new_index()
         self.ids = []
         codes = []
         for number, (ids, texts) in enumerate(parts):
             vectors = self._vectors(texts, "corpus" if number == 0 else f"corpus part {number + 1}")
-            self.index.add(vectors)
+            if self.index is not None:
+                self.index.add(vectors)
             self.ids.extend(ids)
             codes.append(vectors)
-        # a centred binary system re-scores (or, exact, scans) the stored codes with float queries
-        self.codes = np.concatenate(codes) if self.centre is not None and codes else None
+        self.codes = np.concatenate(codes) if centred and codes else None
 
     def search(self, queries: Sequence[str], k: int) -> SearchResult:
         vectors = self._query_vectors(queries)
