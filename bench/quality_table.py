@@ -80,7 +80,8 @@ QUANTIZATIONS = ("float", "int8", "binary")
 RECOMMENDED = "multi-anchor-3ep-doc256-lr1e4"  # the shipped config itself (checked at start)
 DEFAULT_EVAL_MAX_LENGTH = 128
 ROWS = (
-    "base", "multi-anchor-3ep-doc256-lr1e4", "multi-anchor-3ep-doc256-lr1e4-seed1", "multi-anchor-3ep-doc256-lr1e4-merged",
+    "base", "multi-anchor-3ep-doc256-lr1e4", "multi-anchor-3ep-doc256-lr1e4-seed1",
+    "multi-anchor-3ep-doc256-lr1e4-merged",
     "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
     "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep", "multi-3ep",
     "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
@@ -90,8 +91,8 @@ ROWS = (
     "multi-nfnegtop", "multi-lora",
 )
 # Merged rows whose weight is swept on dev; the others take WEIGHT_FROM's chosen weight.
-SWEPT = ("multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep-merged", "multi-merged",
-         "single-merged")
+SWEPT = ("multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep-merged",
+         "multi-merged", "single-merged")
 WEIGHT_FROM = "multi-merged"
 # Trained rows: overrides of the shipped config ("sources": the names of its sources kept; "source_fields":
 # fields set on one source). Each names its document length, learning rate, anchor weight and epochs so that it
