@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +13,7 @@ import pytest
 import ray.data
 
 from embedlib.index import IndexJobConfig, InputError, build_index
+from embedlib.index.stall import PipelineStalledError, rows_or_stall
 
 DRIVER_CALLS = ("iter_rows", "iter_batches", "take_all", "take", "take_batch", "to_pandas", "to_arrow_refs",
                 "materialize", "aggregate")
@@ -126,3 +129,30 @@ def test_one_big_file_is_cut_into_batch_rows_blocks_so_every_encoder_actor_gets_
     per_block = read_rows(cfg, [str(corpus)]).map_batches(lambda b: {"rows": [len(b["id"])]}, batch_size=None)
     sizes = [row["rows"] for row in per_block.iter_rows()]
     assert sum(sizes) == 60 and max(sizes) <= 8 and len(sizes) >= 8, sizes
+
+
+def test_a_stall_before_the_first_output_stops_the_run_once_that_output_comes(ray_cluster, tmp_path):
+    """Every block takes longer than the stall timeout: the step fails with the stall error; the helper thread
+    waits for the first output (Ray Data hands out no executor before it) and then the run stops, instead of
+    working through the remaining blocks behind a failed step."""
+    started = tmp_path / "started"
+    started.mkdir()
+
+    def slow(batch):
+        (started / str(batch["id"][0])).touch()
+        time.sleep(2)
+        return batch
+
+    def helper_alive() -> bool:
+        return any(t.name == "embedlib-slow-step" for t in threading.enumerate())
+
+    dataset = ray.data.range(40, override_num_blocks=40).map_batches(slow, batch_size=None)
+    with pytest.raises(PipelineStalledError, match="no batch finished for 1 s"):
+        list(rows_or_stall(dataset, timeout_s=1, step="slow-step"))
+    deadline = time.time() + 120
+    while helper_alive() and time.time() < deadline:
+        time.sleep(0.5)
+    assert not helper_alive()
+    at_first_output = len(list(started.iterdir()))
+    time.sleep(8)  # 4 more rounds of 2 blocks, had the run gone on
+    assert len(list(started.iterdir())) <= at_first_output + 2 < 40  # tasks already handed to a worker may start

@@ -27,8 +27,9 @@ def rows_or_stall(dataset: ray.data.Dataset, timeout_s: float, step: str) -> Ite
     """``dataset``'s rows as they stream by; ``PipelineStalledError`` after ``timeout_s`` s without one.
 
     The blocks are fetched by a helper thread, so that the wait for the next one can be bounded; on a stall
-    (or any early exit) after the first output, the dataset's executor is shut down, so nothing of the run keeps
-    running behind it (a stall before the first output leaves it to the end of the driver).
+    (or any early exit) the dataset's executor is shut down, so nothing of the run keeps running behind it. Ray
+    Data hands the executor out only with the first output: after a stall before it, the helper thread waits
+    for that output and then shuts the run down.
     """
     blocks: queue.Queue = queue.Queue(maxsize=64)
     executors: list = []
@@ -52,7 +53,9 @@ def rows_or_stall(dataset: ray.data.Dataset, timeout_s: float, step: str) -> Ite
             executors.append(executor)
             for bundle in bundles:
                 for ref in bundle.block_refs:
-                    if not hand_over(ray.get(ref)):
+                    if not hand_over(ray.get(ref)):  # the consumer stopped listening
+                        if executor is not None:  # None: served from Ray Data's cache
+                            executor.shutdown(force=True)
                         return
             hand_over(_END)
         except BaseException as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
