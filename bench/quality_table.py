@@ -41,7 +41,9 @@ corpus are encoded once and cached by weights hash (``--cache``); INT8 and binar
 measured row is saved under ``--work`` (per evaluation length) so an interrupted run resumes; the table is written
 from every measured row: ``bench/results/quality_table.{json,md,png}`` (+ the merge curve PNG), or
 ``quality_table-len<N>.*`` when evaluated at another ``--eval-max-length`` than 128 (256 is MiniLM's own length
-and the issue's: base SciFact 0.6487 there).
+and the issue's: base SciFact 0.6487 there). Rows measured since keep their per-query INT8 scores; where the base
+and the recommended row both have them, the acceptance adds each set's change with its paired-bootstrap 95%
+interval (``int8_change_vs_base_ci95``): how large a change query sampling alone could make.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from train_common import plain_loop  # noqa: E402
 
 from embedlib.data import default_model_path, resolve_model  # noqa: E402
 from embedlib.eval.beir import BeirDataset, load_beir, read_records  # noqa: E402
+from embedlib.eval.metrics import paired_bootstrap  # noqa: E402
 from embedlib.eval.run import evaluate_systems  # noqa: E402
 from embedlib.eval.systems import DenseSystem, ModelEmbeddings  # noqa: E402
 from embedlib.models.loading import BINARY_CENTRE_FILE  # noqa: E402
@@ -179,7 +182,9 @@ def evaluate_model(name: str, path: str, sets: dict, args) -> dict:
         metric = "recall@10" if q2q else "ndcg@10"
         systems = [DenseSystem(model, q) for q in QUANTIZATIONS]
         results = evaluate_systems(dataset, systems, q2q=q2q, max_k=100)
-        row[set_name] = {"metric": metric, **{q: r.metrics[metric] for q, r in zip(QUANTIZATIONS, results, strict=True)}}
+        by_quantization = dict(zip(QUANTIZATIONS, results, strict=True))
+        row[set_name] = {"metric": metric, **{q: r.metrics[metric] for q, r in by_quantization.items()},
+                         "int8_per_query": {qid: round(v[metric], 6) for qid, v in by_quantization["int8"].per_query.items()}}
         print(f"{name} {set_name}: " + " ".join(f"{q} {row[set_name][q]:.4f}" for q in QUANTIZATIONS), flush=True)
     return row
 
@@ -380,7 +385,24 @@ def acceptance(rows: dict) -> dict:
         "scifact_int8_minus_binary": (rec["scifact"]["int8"] - rec["scifact"]["binary"], "<= 0.03",
                                       rec["scifact"]["int8"] - rec["scifact"]["binary"] <= 0.03),
     }
-    return {name: {"value": round(value, 4), "target": target, "met": met} for name, (value, target, met) in checks.items()}
+    out = {name: {"value": round(value, 4), "target": target, "met": met} for name, (value, target, met) in checks.items()}
+    intervals = int8_change_intervals(rows["base"]["scores"], rec)
+    if intervals:
+        out["int8_change_vs_base_ci95"] = intervals
+        if worst in intervals:
+            out["worst_int8_change_vs_base"]["ci95"] = intervals[worst]["ci95"]
+    return out
+
+
+def int8_change_intervals(base: dict, row: dict) -> dict:
+    """Per set where both rows kept per-query scores: the INT8 change and its paired-bootstrap 95% interval
+    (how far a change could be query sampling: an interval across 0 is no measurable change)."""
+    out = {}
+    for name in base:
+        if "int8_per_query" in base[name] and "int8_per_query" in row.get(name, {}):
+            change, low, high = paired_bootstrap(base[name]["int8_per_query"], row[name]["int8_per_query"])
+            out[name] = {"change": round(change, 4), "ci95": [round(low, 4), round(high, 4)]}
+    return out
 
 
 def build_table(measured: dict, args, result: Result) -> dict:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from embedlib.eval.distractors import load_distractors, paragraph_windows
-from embedlib.eval.metrics import evaluate_run, run_from_hits, top_k_overlap
+from embedlib.eval.metrics import evaluate_run, paired_bootstrap, run_from_hits, top_k_overlap
 from embedlib.eval.run import scale_sizes
 from embedlib.search.results import SearchResult
 
@@ -30,6 +30,20 @@ def test_binary_relevance_metrics_match_hand_computation():
     assert per_query["q1"]["ndcg@2"] == pytest.approx((1 / log2(3)) / ideal)
     assert per_query["q1"]["ndcg@4"] == pytest.approx((1 / log2(3) + 1 / log2(5)) / ideal)
     assert means == per_query["q1"]
+
+
+def test_paired_bootstrap_interval_is_tight_for_a_steady_change_and_spans_zero_for_one_outlier():
+    base = {f"q{i}": 0.5 for i in range(100)}
+    steady = {q: v + 0.1 for q, v in base.items()}
+    assert paired_bootstrap(base, steady) == pytest.approx((0.1, 0.1, 0.1))
+    one_query = {**base, "q7": 1.5}  # +1 on 1 query of 100: a mean of +0.01 that a resample often misses
+    change, low, high = paired_bootstrap(base, one_query)
+    assert change == pytest.approx(0.01) and low == 0.0 and 0.02 < high < 0.05
+    mixed = {q: v + (0.3 if i % 2 else -0.3) for i, (q, v) in enumerate(base.items())}
+    change, low, high = paired_bootstrap(base, {**mixed, "extra": 1.0})  # a query only one run has is left out
+    assert change == pytest.approx(0.0, abs=1e-12) and low < -0.04 and high > 0.04
+    with pytest.raises(ValueError, match="share no query"):
+        paired_bootstrap({"a": 1.0}, {"b": 1.0})
 
 
 def test_graded_relevance_uses_linear_gain_as_trec_eval_does():

@@ -36,6 +36,20 @@ def evaluate_run(
     return means, per_query
 
 
+def paired_bootstrap(
+    first: dict[str, float], second: dict[str, float], samples: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
+    """The mean per-query change ``second - first`` over their common queries, and its 95% interval from
+    resampling those queries with replacement (paired bootstrap)."""
+    common = sorted(first.keys() & second.keys())
+    if not common:
+        raise ValueError("paired_bootstrap: the two runs share no query")
+    change = np.array([second[q] - first[q] for q in common])
+    draws = np.random.default_rng(seed).integers(0, len(change), size=(samples, len(change)))
+    low, high = np.percentile(change[draws].mean(axis=1), [2.5, 97.5])
+    return float(change.mean()), float(low), float(high)
+
+
 def reciprocal_rank(hits: dict[str, float], relevant: dict[str, int], k: int) -> float:
     ranked = sorted(hits.items(), key=lambda item: -item[1])[:k]
     for rank, (did, _) in enumerate(ranked, start=1):
