@@ -386,7 +386,7 @@ def acceptance(rows: dict) -> dict:
                                       rec["scifact"]["int8"] - rec["scifact"]["binary"] <= 0.03),
     }
     out = {name: {"value": round(value, 4), "target": target, "met": met} for name, (value, target, met) in checks.items()}
-    intervals = int8_change_intervals(rows["base"]["scores"], rec)
+    intervals = int8_change_intervals(base, rec)
     if intervals:
         out["int8_change_vs_base_ci95"] = intervals
         if worst in intervals:
