@@ -6,6 +6,8 @@ import json
 import os
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,18 @@ def s3_bucket(s3_endpoint, request) -> str:
 
     s3fs.S3FileSystem.clear_instance_cache()
     return f"s3://{name}"
+
+
+WAIT_S = 120
+
+
+def wait_for(condition, what: str, done: threading.Event | None = None, timeout_s: float = WAIT_S) -> None:
+    """Poll ``condition`` until true; fail after ``timeout_s``, or once ``done`` is set (what was awaited never came)."""
+    deadline = time.time() + timeout_s
+    while not condition():
+        assert not (done and done.is_set()), f"the build finished before {what}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def init_single_node_ray():

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from conftest import all_ids
+from conftest import all_ids, wait_for
 from local_cluster import actor_restarts, add_worker_node, live_actors, node_named
 from test_index import config, cranfield_rows, jsonl_bytes
 
@@ -37,14 +37,6 @@ def staged_parts(output: str) -> int:
     """Parts the encode step has written so far under the index's staging folder."""
     fs, path = storage.filesystem(storage.join(output, "_staging"))
     return sum(name.endswith(".parquet") for name in fs.find(path)) if fs.exists(path) else 0
-
-
-def wait_for(condition, what: str, done: threading.Event | None = None) -> None:
-    deadline = time.time() + DEADLINE_S
-    while not condition():
-        assert not (done and done.is_set()), f"the build finished before {what}"
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def build_in_thread(cfg) -> tuple[threading.Thread, dict, threading.Event]:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray.data
+from conftest import wait_for
 
 from embedlib.index import IndexJobConfig, InputError, build_index
 from embedlib.index.stall import PipelineStalledError, rows_or_stall
@@ -149,10 +150,7 @@ def test_a_stall_before_the_first_output_stops_the_run_once_that_output_comes(ra
     dataset = ray.data.range(40, override_num_blocks=40).map_batches(slow, batch_size=None)
     with pytest.raises(PipelineStalledError, match="no batch finished for 1 s"):
         list(rows_or_stall(dataset, timeout_s=1, step="slow-step"))
-    deadline = time.time() + 120
-    while helper_alive() and time.time() < deadline:
-        time.sleep(0.5)
-    assert not helper_alive()
+    wait_for(lambda: not helper_alive(), "the helper thread to end")
     at_first_output = len(list(started.iterdir()))
     time.sleep(8)  # 4 more rounds of 2 blocks, had the run gone on
     assert len(list(started.iterdir())) <= at_first_output + 2 < 40  # tasks already handed to a worker may start

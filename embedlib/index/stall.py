@@ -45,6 +45,11 @@ def rows_or_stall(dataset: ray.data.Dataset, timeout_s: float, step: str) -> Ite
                 continue
         return False
 
+    def stop_run() -> None:
+        for executor in executors:
+            if executor is not None:  # None: Ray Data served the dataset from its cache
+                executor.shutdown(force=True)
+
     def pump() -> None:
         try:
             # Ray Data hands the executor out only with its bundle iterator (no public way to stop a stream),
@@ -54,8 +59,7 @@ def rows_or_stall(dataset: ray.data.Dataset, timeout_s: float, step: str) -> Ite
             for bundle in bundles:
                 for ref in bundle.block_refs:
                     if not hand_over(ray.get(ref)):  # the consumer stopped listening
-                        if executor is not None:  # None: served from Ray Data's cache
-                            executor.shutdown(force=True)
+                        stop_run()
                         return
             hand_over(_END)
         except BaseException as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
@@ -80,6 +84,5 @@ def rows_or_stall(dataset: ray.data.Dataset, timeout_s: float, step: str) -> Ite
             yield from BlockAccessor.for_block(item).to_arrow().to_pylist()
     finally:
         stopped.set()
-        for executor in executors if not finished else ():
-            if executor is not None:
-                executor.shutdown(force=True)
+        if not finished:
+            stop_run()
