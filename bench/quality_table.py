@@ -84,7 +84,8 @@ RECOMMENDED = "multi-anchor-3ep-doc256-lr1e4"  # the shipped config itself (chec
 DEFAULT_EVAL_MAX_LENGTH = 128
 ROWS = (
     "base", "multi-anchor-3ep-doc256-lr1e4", "multi-anchor-3ep-doc256-lr1e4-seed1",
-    "multi-anchor-3ep-doc256-lr1e4-merged",
+    "multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-lr1e4-noquora-wikitext",
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus",
     "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
     "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep", "multi-3ep",
     "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
@@ -107,6 +108,12 @@ ONE_EPOCH, NO_ANCHOR = {"epochs": 1} | DOC96 | LR5E5, {"anchor_weight": 0.0}
 RECIPES = {
     "multi-anchor-3ep-doc256-lr1e4": ANCHORED_3EP | DOC256 | LR1E4,
     "multi-anchor-3ep-doc256-lr1e4-seed1": {"seed": 1} | ANCHORED_3EP | DOC256 | LR1E4,
+    # no Quora pairs, and the spans from wikitext-2 (encyclopedic) instead of Gutenberg's books
+    "multi-anchor-3ep-doc256-lr1e4-noquora-wikitext": {
+        "sources": ["scifact", "nfcorpus", "text"],
+        "source_fields": {"text": {"url": "../shared/data/text/wikitext2.valid.tokens"}},
+    } | ANCHORED_3EP | DOC256 | LR1E4,
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus": {"sources": ["scifact", "nfcorpus"]} | ANCHORED_3EP | DOC256 | LR1E4,
     "multi-anchor-3ep-doc256": ANCHORED_3EP | DOC256,  # training documents as long as evaluated
     "multi-anchor-3ep-doc256-seed1": {"seed": 1} | ANCHORED_3EP | DOC256,
     "multi-anchor-3ep-doc256-seed2": {"seed": 2} | ANCHORED_3EP | DOC256,
@@ -140,6 +147,8 @@ ABLATIONS = [
     ("seed 0 vs 2: the run-to-run spread", "multi-anchor-3ep", "multi-anchor-3ep-seed2"),
     ("seed 0 vs 1 (256 tokens, lr 1e-4): the run-to-run spread", "multi-anchor-3ep-doc256-lr1e4",
      "multi-anchor-3ep-doc256-lr1e4-seed1"),
+    ("without vs with wikitext spans (SciFact + NFCorpus, no Quora; 256 tokens, lr 1e-4)",
+     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus", "multi-anchor-3ep-doc256-lr1e4-noquora-wikitext"),
     ("without vs with merge (anchored, 256 tokens)", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged"),
     ("seed 0 vs 1 (256 tokens): the run-to-run spread", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-seed1"),
     ("seed 0 vs 2 (256 tokens): the run-to-run spread", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-seed2"),
