@@ -85,7 +85,7 @@ DEFAULT_EVAL_MAX_LENGTH = 128
 ROWS = (
     "base", "multi-anchor-3ep-doc256-lr1e4", "multi-anchor-3ep-doc256-lr1e4-seed1",
     "multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-lr1e4-noquora-wikitext",
-    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus",
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus", "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-merged",
     "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
     "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep", "multi-3ep",
     "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
@@ -95,7 +95,8 @@ ROWS = (
     "multi-nfnegtop", "multi-lora",
 )
 # Merged rows whose weight is swept on dev; the others take WEIGHT_FROM's chosen weight.
-SWEPT = ("multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep-merged",
+SWEPT = ("multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-merged",
+         "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep-merged",
          "multi-merged", "single-merged")
 WEIGHT_FROM = "multi-merged"
 # Trained rows: overrides of the shipped config ("sources": the names of its sources kept; "source_fields":
@@ -149,6 +150,8 @@ ABLATIONS = [
      "multi-anchor-3ep-doc256-lr1e4-seed1"),
     ("without vs with wikitext spans (SciFact + NFCorpus, no Quora; 256 tokens, lr 1e-4)",
      "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus", "multi-anchor-3ep-doc256-lr1e4-noquora-wikitext"),
+    ("without vs with merge (SciFact + NFCorpus; 256 tokens, lr 1e-4)", "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus",
+     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-merged"),
     ("without vs with merge (anchored, 256 tokens)", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged"),
     ("seed 0 vs 1 (256 tokens): the run-to-run spread", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-seed1"),
     ("seed 0 vs 2 (256 tokens): the run-to-run spread", "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-seed2"),
