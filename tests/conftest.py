@@ -103,9 +103,9 @@ def s3_bucket(s3_endpoint, request) -> str:
 WAIT_S = 120
 
 
-def wait_for(condition, what: str, done: threading.Event | None = None, timeout_s: float = WAIT_S) -> None:
-    """Poll ``condition`` until true; fail after ``timeout_s``, or once ``done`` is set (what was awaited never came)."""
-    deadline = time.time() + timeout_s
+def wait_for(condition, what: str, done: threading.Event | None = None) -> None:
+    """Poll ``condition`` until true; fail after ``WAIT_S``, or once ``done`` is set (what was awaited never came)."""
+    deadline = time.time() + WAIT_S
     while not condition():
         assert not (done and done.is_set()), f"the build finished before {what}"
         assert time.time() < deadline, f"timed out waiting for {what}"

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from conftest import all_ids, wait_for
+from conftest import WAIT_S, all_ids, wait_for
 from local_cluster import actor_restarts, add_worker_node, live_actors, node_named
 from test_index import config, cranfield_rows, jsonl_bytes
 
@@ -25,7 +25,6 @@ from embedlib.index.stall import PipelineStalledError
 pytestmark = pytest.mark.multinode
 
 ENCODER = "EncodeActor"
-DEADLINE_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +80,7 @@ def test_build_survives_killed_actor_lost_node_and_s3_outage(multinode_cluster, 
     time.sleep(3)  # the outage's length
     s3_proxy.up()
 
-    thread.join(DEADLINE_S)
+    thread.join(WAIT_S)
     assert done.is_set(), "the build hangs"
     assert "error" not in result, result.get("error")
     summary = result["summary"]
