@@ -21,7 +21,7 @@ of the best dev gain, ``-merged-keep90`` 90% of it):
   with another training seed; ``-noquora-wikitext`` with wikitext-2 spans added;
 - ``multi-anchor-3ep-doc256-lr1e4``: the four-source mixture (the previous recommendation), its ``-merged`` and
   ``-seed1``;
-- ``multi-anchor-3ep-doc256``: the same at lr 5e-5 (the previous recommendation), with its ``-merged``,
+- ``multi-anchor-3ep-doc256``: that at lr 5e-5 (the recommendation before), with its ``-merged``,
   ``-seed1`` and ``-seed2``;
 - ``multi-anchor-3ep``: the same on 96-token documents (every row below trains on 96), and its ablations:
   ``-merged`` (swept likewise), ``-nobinary`` without the binary term, ``single-anchor-3ep`` on SciFact train
