@@ -283,15 +283,15 @@ def train_row(row: str, work: Path, args) -> dict:
     return summary
 
 
-def merge_row(work: Path, second: str, output: str, sweep: bool, t: float | None = None,
-              keep_gain: float | None = None) -> dict:
-    """Merge ``second`` with the base through ``jobs/merge.py``, as the merge config does but for the weight: a
-    sweep on the config's dev data choosing by ``keep_gain``, or the weight ``t``."""
+def merge_row(work: Path, second: str, output: str, keep_gain: float | None = None, t: float | None = None) -> dict:
+    """Merge ``second`` with the base through ``jobs/merge.py``, as the merge config does but for the weight: with
+    ``keep_gain``, a sweep on the config's dev data choosing by it; otherwise the weight ``t``."""
     cfg = load_merge_config(str(MERGE_CONFIG))
     values = {"first": cfg.first, "second": second, "output": output, "method": cfg.method,
               "max_length": cfg.max_length, "quantization": cfg.quantization, "cache": cfg.cache}
     if cfg.binary_centre_docs:  # fitted on the merged model's own training rows
         values |= {"binary_centre_docs": cfg.binary_centre_docs, "binary_centre_data": f"{second}.parquet"}
+    sweep = keep_gain is not None
     if sweep:
         values |= {"sweep": cfg.sweep, "keep_gain": keep_gain, "dev_max_docs": cfg.dev_max_docs,
                    "dev": [{k: getattr(s, k) for k in ("name", "kind", "url", "split", "holdout", "seed")} for s in cfg.dev]}
@@ -321,10 +321,10 @@ def model_path(row: str, work: Path, args) -> tuple[str, dict]:
     made = work / f"{row}-merge.json"
     if not made.exists():
         if row in SWEPT:
-            report = merge_row(work, second, str(output), sweep=True, keep_gain=SWEPT[row])
+            report = merge_row(work, second, str(output), keep_gain=SWEPT[row])
         else:  # WEIGHT_FROM's chosen weight, applied to another fine-tuned model
             _, swept = model_path(WEIGHT_FROM, work, args)
-            report = merge_row(work, second, str(output), sweep=False, t=swept["chosen_t"])
+            report = merge_row(work, second, str(output), t=swept["chosen_t"])
         made.write_text(json.dumps(report, indent=1))
     return str(output), json.loads(made.read_text())
 
