@@ -20,6 +20,7 @@ to the base that keeps half of the best dev gain, ``-merged-keep90`` 90% of it, 
   make, jobs/configs/minilm-general.yaml (SciFact train and NFCorpus dev, 256-token training documents, binary term
   on; the row without ``-merged-keep90-dev2000``) merged by jobs/configs/minilm-general-merge.yaml; ``-seed1`` and
   ``-seed2`` the same with other training seeds; ``-merged-keep90`` by the 300-document rule shipped before;
+  ``-soup3`` the equal-weight average of seeds 0, 1 and 2 (a model soup), and its merge;
   ``-noquora-wikitext`` with wikitext-2 spans added;
 - ``multi-anchor-3ep-doc256-lr1e4``: the four-source mixture (the previous recommendation), its ``-merged`` and
   ``-seed1``;
@@ -56,6 +57,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -100,6 +102,8 @@ ROWS = (
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2",
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90-dev2000",
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90",
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-soup3",
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-soup3-merged-keep90-dev2000",
     "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
     "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep", "multi-3ep",
     "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
@@ -126,9 +130,15 @@ SWEPT = {"multi-anchor-3ep-doc256-lr1e4-merged": KEEP50, "multi-anchor-3ep-doc25
          "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed1-merged-keep90-dev2000": KEEP90_DEV2000,
          "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90-dev2000": KEEP90_DEV2000,
          "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90": KEEP90,
+         "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-soup3-merged-keep90-dev2000": KEEP90_DEV2000,
          "multi-anchor-3ep-doc256-merged": KEEP50, "multi-anchor-3ep-merged": KEEP50,
          "multi-merged": KEEP50, "single-merged": KEEP50}
 WEIGHT_FROM = "multi-merged"
+# Model soups (Wortsman et al. 2022): the equal-weight average of fine-tuned rows' weights, which keeps what the
+# seeds share and averages out what each run drew by chance; a soup's merged rows merge it like one model.
+SOUPS = {"multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-soup3": [
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus", "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed1",
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2"]}
 # The four-source mixture every trained row starts from, whatever the shipped config mixes (``multi``: these
 # four; a row's "sources" keeps some of them by name). Quora's held-out half is the table's Quora evaluation set.
 FOUR_SOURCES = [
@@ -219,6 +229,10 @@ ABLATIONS = [
     ("without vs with merge kept 90% of the dev gain on 2,000-document dev sets (SciFact + NFCorpus, seed 2)",
      "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2",
      "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90-dev2000"),
+    ("one model vs the soup of seeds 0, 1, 2 (SciFact + NFCorpus; 256 tokens, lr 1e-4)",
+     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus", "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-soup3"),
+    ("one model vs the soup of seeds 0, 1, 2, each merged by keep90-dev2000", RECOMMENDED,
+     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-soup3-merged-keep90-dev2000"),
     ("keep 90% of the dev gain on 300- vs 2,000-document dev sets (SciFact + NFCorpus, seed 2)",
      "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90",
      "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90-dev2000"),
@@ -316,14 +330,16 @@ def train_row(row: str, work: Path, args) -> dict:
     return summary
 
 
-def merge_row(work: Path, second: str, output: str, rule: dict | None = None, t: float | None = None) -> dict:
-    """Merge ``second`` with the base through ``jobs/merge.py``, as the merge config does but for the weight: with
-    a SWEPT ``rule``, a sweep on the config's dev sets choosing by it; otherwise the weight ``t``."""
+def merge_row(work: Path, second: str, output: str, centre_rows: str | None, rule: dict | None = None,
+              t: float | None = None, first: str | None = None, method: str | None = None) -> dict:
+    """Merge ``second`` with the base (or ``first``) through ``jobs/merge.py``, as the merge config does but for the
+    weight: with a SWEPT ``rule``, a sweep on the config's dev sets choosing by it; otherwise the weight ``t``. The
+    merged model's binary centre is fitted on ``centre_rows`` (the fine-tuned model's training rows; None: none)."""
     cfg = load_merge_config(str(MERGE_CONFIG))
-    values = {"first": cfg.first, "second": second, "output": output, "method": cfg.method,
+    values = {"first": first or cfg.first, "second": second, "output": output, "method": method or cfg.method,
               "max_length": cfg.max_length, "quantization": cfg.quantization, "cache": cfg.cache}
-    if cfg.binary_centre_docs:  # fitted on the merged model's own training rows
-        values |= {"binary_centre_docs": cfg.binary_centre_docs, "binary_centre_data": f"{second}.parquet"}
+    if cfg.binary_centre_docs and centre_rows:
+        values |= {"binary_centre_docs": cfg.binary_centre_docs, "binary_centre_data": centre_rows}
     sweep = rule is not None
     if sweep:
         values |= rule | {"dev": [{k: getattr(s, k) for k in ("name", "kind", "url", "split", "holdout", "seed")} for s in cfg.dev]}
@@ -342,21 +358,46 @@ def merged_source(row: str) -> str:
     return row.split("-merged")[0]
 
 
+def training_rows(row: str, work: Path) -> str:
+    """The pair/triplet rows a fine-tuned row trained on (a soup: its first model's), to fit a binary centre on."""
+    return f"{work / SOUPS.get(row, [row])[0]}.parquet"
+
+
+def soup_row(row: str, work: Path, args) -> dict:
+    """SOUPS[row]'s models averaged with equal weights: successive linear merges, the i-th model at t = 1/i."""
+    paths = [model_path(name, work, args)[0] for name in SOUPS[row]]
+    soup = paths[0]
+    for i, path in enumerate(paths[1:], start=2):
+        last = i == len(paths)
+        output = str(work / row) if last else f"{work / row}-partial"
+        merge_row(work, path, output, training_rows(row, work) if last else None, t=1 / i, first=soup,
+                  method="linear")
+        soup = output
+    shutil.rmtree(f"{work / row}-partial", ignore_errors=True)
+    return {"soup_of": SOUPS[row], "method": "linear"}
+
+
 def model_path(row: str, work: Path, args) -> tuple[str, dict]:
     """The row's model folder (training or merging it first when missing) and how it was made."""
     if row == "base":
         return str(default_model_path()), {}
     if row in RECIPES:
         return str(work / row), train_row(row, work, args)
+    if row in SOUPS:
+        made = work / f"{row}-soup.json"
+        if not made.exists():
+            made.write_text(json.dumps(soup_row(row, work, args), indent=1))
+        return str(work / row), json.loads(made.read_text())
     second, _ = model_path(merged_source(row), work, args)
+    centre_rows = training_rows(merged_source(row), work)
     output = work / row
     made = work / f"{row}-merge.json"
     if not made.exists():
         if row in SWEPT:
-            report = merge_row(work, second, str(output), rule=SWEPT[row])
+            report = merge_row(work, second, str(output), centre_rows, rule=SWEPT[row])
         else:  # WEIGHT_FROM's chosen weight, applied to another fine-tuned model
             _, swept = model_path(WEIGHT_FROM, work, args)
-            report = merge_row(work, second, str(output), t=swept["chosen_t"])
+            report = merge_row(work, second, str(output), centre_rows, t=swept["chosen_t"])
         made.write_text(json.dumps(report, indent=1))
     return str(output), json.loads(made.read_text())
 
