@@ -369,11 +369,12 @@ def soup_row(row: str, work: Path, args) -> dict:
     soup = paths[0]
     for i, path in enumerate(paths[1:], start=2):
         last = i == len(paths)
-        output = str(work / row) if last else f"{work / row}-partial"
+        output = str(work / row) if last else f"{work / row}-partial{i}"  # never the folder it reads
         merge_row(work, path, output, training_rows(row, work) if last else None, t=1 / i, first=soup,
                   method="linear")
         soup = output
-    shutil.rmtree(f"{work / row}-partial", ignore_errors=True)
+    for i in range(2, len(paths)):
+        shutil.rmtree(f"{work / row}-partial{i}", ignore_errors=True)
     return {"soup_of": SOUPS[row], "method": "linear"}
 
 
