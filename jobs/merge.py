@@ -6,7 +6,8 @@ python jobs/merge.py --config jobs/configs/minilm-general-merge.yaml   # sweep b
 YAML: ``first``, ``second``, ``output``, ``t``, ``method`` (slerp | linear). A sweep (``sweep: [0.3, 0.5, ...]``)
 scores each weight on the held-out queries of the ``dev`` sources (the training config's sources with the
 same ``holdout``: never trained on, never the test sets), saves the best at ``output`` and writes the curve
-beside it (``merge_sweep.json``, ``merge_sweep.png``). With ``binary_centre_docs`` and ``binary_centre_data``
+beside it (``merge_sweep.json``, ``merge_sweep.png``). ``guard`` sources (domains never trained on) cap the weight
+where their scores first fall below the base's (``guard_tolerance``). With ``binary_centre_docs`` and ``binary_centre_data``
 (the training rows), the merged model gets its own binary centre (codes ``sign(x - c)``). A mistake the user
 can fix (config field, checkpoint path) exits with status 2 and one line on stderr.
 """
@@ -41,23 +42,28 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
     """Score every weight of ``cfg.sweep`` on the dev sets: the report (curve, chosen weight) and its PNG."""
-    from embedlib.training.merge import best_weight, sweep
-    from embedlib.training.mixture import heldout_dataset
+    from embedlib.training.merge import best_weight, guard_limit, sweep
+    from embedlib.training.mixture import heldout_dataset, unseen_dataset
     from embedlib.training.plots import merge_curve_png
 
     dev_sets = {source.name: (heldout_dataset(source, cfg.dev_max_docs), source.kind == "q2q") for source in cfg.dev}
-    curve = sweep(cfg.first, cfg.second, cfg.sweep, dev_sets, cfg.method, cfg.max_length, cfg.quantization, cfg.cache)
-    chosen = best_weight(curve, cfg.keep_gain)
+    guard_sets = {s.name: (unseen_dataset(s, cfg.dev_max_docs), s.kind == "q2q") for s in cfg.guard or []}
+    curve = sweep(cfg.first, cfg.second, cfg.sweep, dev_sets, cfg.method, cfg.max_length, cfg.quantization, cfg.cache,
+                  guard_sets)
+    chosen = best_weight(curve, cfg.keep_gain, cfg.guard_tolerance)
+    every_set = dev_sets | guard_sets
     report = {
         "first": cfg.first,
         "second": cfg.second,
         "method": cfg.method,
         "quantization": cfg.quantization,
-        "metric": {name: "recall@10" if q2q else "ndcg@10" for name, (_, q2q) in dev_sets.items()},
-        "dev_queries": {name: len(dataset.qrels) for name, (dataset, _) in dev_sets.items()},
-        "dev_docs": {name: len(dataset.corpus) for name, (dataset, _) in dev_sets.items()},
+        "metric": {name: "recall@10" if q2q else "ndcg@10" for name, (_, q2q) in every_set.items()},
+        "dev_queries": {name: len(dataset.qrels) for name, (dataset, _) in every_set.items()},
+        "dev_docs": {name: len(dataset.corpus) for name, (dataset, _) in every_set.items()},
         "curve": curve,
         "keep_gain": cfg.keep_gain,
+        "guard_tolerance": cfg.guard_tolerance if guard_sets else None,
+        "guard_limit": guard_limit(curve, cfg.guard_tolerance) if guard_sets else None,
         "chosen_t": chosen,
         "output": cfg.output,
     }
@@ -75,7 +81,7 @@ def merge(argv: list[str] | None) -> int:
     if cfg.sweep:
         report, png = run_sweep(cfg)
         for point in report["curve"]:
-            scores = " ".join(f"{name} {value:.4f}" for name, value in point["scores"].items())
+            scores = " ".join(f"{name} {value:.4f}" for name, value in (point["scores"] | point.get("guard", {})).items())
             print(f"t={point['t']:g}: {scores} mean {point['mean']:.4f}")
         cfg.t = report["chosen_t"]
     merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t, cfg.method)

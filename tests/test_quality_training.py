@@ -29,6 +29,7 @@ from embedlib.training.mixture import (
     heldout_dataset,
     mixture_rows,
     read_source,
+    unseen_dataset,
     with_negatives,
 )
 from embedlib.training.stages import ContrastiveCollator
@@ -75,6 +76,11 @@ def test_merge_config_errors_name_the_field():
                           ({"binary_centre_data": "rows.parquet"}, "binary_centre_docs")):
         with pytest.raises(ConfigError, match="^" + field + ":"):
             from_dict(MergeConfig, {"first": "a", "second": "b", "output": "c", **fields})
+    guard = [{"name": "g", "kind": "spans", "url": "x"}]
+    for fields, field in (({}, "guard"), ({"sweep": [0.5, 1.0], "dev": dev}, "guard"),
+                          ({"sweep": [0.0, 1.0], "dev": dev, "guard_tolerance": -0.1}, "guard_tolerance")):
+        with pytest.raises(ConfigError, match="^" + field + ":"):
+            from_dict(MergeConfig, {"first": "a", "second": "b", "output": "c", "guard": guard, **fields})
 
 
 def test_mixture_follows_weights_in_same_source_batches():
@@ -140,6 +146,17 @@ def test_neighbouring_spans(tmp_path):
         assert int(positive[0][1:]) == int(query[-1][1:]) + 1  # the span right after the query
     rows = build_mixture([source], rows=None, batch_size=1, hard_negatives=2)
     assert all(r["doc_id"] not in r["negative_ids"] and r["source"] == "text" for r in rows)
+    guard = unseen_dataset(source, max_docs=6)  # the span pairs as a dev set: each query judges its next span
+    assert sorted(guard.qrels) == sorted(p["query_id"] for p in data.pairs)
+    assert len(guard.corpus) == 6 and all(set(docs) <= set(guard.corpus) for docs in guard.qrels.values())
+
+
+def test_unseen_dataset_keeps_the_heldout_split_unseen(shared_data):
+    source = SourceConfig(name="quora", kind="q2q", url=str(shared_data / "quora-q2q"), split="test", holdout=0.5)
+    guard, heldout = unseen_dataset(source), heldout_dataset(source)
+    assert guard.qrels and not set(guard.qrels) & set(heldout.qrels)
+    assert not {d for docs in guard.qrels.values() for d in docs} & set(heldout.qrels)  # duplicates too
+    assert len(guard.qrels) + len(heldout.qrels) == len(read_source(source).pool.qrels)
 
 
 def test_in_batch_negatives_stay_within_source_and_skip_the_same_query():
@@ -290,6 +307,11 @@ def test_lerp_endpoints_and_best_weight():
     assert best_weight(curve, keep_gain=0.5) == 0.5  # gains 0.03 / 0.06 / 0.1: the first with >= half of 0.1
     assert best_weight(curve, keep_gain=0.25) == 0.25
     assert best_weight([{**p, "mean": 0.5 - p["t"]} for p in curve], keep_gain=0.5) == 0.0  # nothing gained
+    # Guard sets cap the weight where one first falls below its t = 0 score (by more than the tolerance).
+    guarded = [{**p, "guard": {"g": g, "h": 0.3}} for p, g in zip(curve, (0.40, 0.41, 0.40, 0.39, 0.41), strict=True)]
+    assert best_weight(guarded) == 0.5  # 0.75 falls below 0.40, so 1.0 is out too
+    assert best_weight(guarded, keep_gain=0.25) == 0.25  # the keep_gain weight is below the cap
+    assert best_weight(guarded, guard_tolerance=0.02) == 0.75
 
 
 def test_sweep_scores_each_weight_on_the_heldout_queries(tiny_models, shared_data, tmp_path):

@@ -255,10 +255,15 @@ class MergeConfig:
     # mean is saved at ``output``, the curve beside it (merge_sweep.json / .png).
     sweep: list[float] | None = None
     # the smallest weight that keeps this share of the best mean dev gain over ``first`` (t = 0); null: the best
-    # mean. The dev sets cover only the trained domains, where more weight on ``second`` always looks better,
-    # while every step away from ``first`` costs the domains never trained on.
+    # mean. The dev sets cover only the trained domains, where more weight on ``second`` tends to look better,
+    # while the domains never trained on tend to lose as the weight moves away from ``first``.
     keep_gain: float | None = None
     dev: list[SourceConfig] | None = None  # the training config's sources, same holdout and seed
+    # Guard sets: sources of domains ``second`` never trained on (beir / q2q: the queries outside the held-out split,
+    # which stays unseen; spans: span pairs), scored at every weight. The weight chosen is at most the largest one up
+    # to which no guard set's score falls more than ``guard_tolerance`` below its t = 0 score.
+    guard: list[SourceConfig] | None = None
+    guard_tolerance: float = 0.0
     dev_max_docs: int | None = 2000  # dev corpus cap: judged documents of the held-out queries, then others
     max_length: int = 128  # token cap when encoding the dev sets
     quantization: Literal["float", "int8", "binary"] = "int8"  # the served path the dev scores use
@@ -292,6 +297,12 @@ class MergeConfig:
                 raise ConfigError(f"dev[{i}].holdout: a dev source needs a held-out split (holdout > 0, beir or q2q)")
         if self.dev_max_docs is not None and self.dev_max_docs < 1:
             raise ConfigError("dev_max_docs: must be >= 1 or null")
+        if self.guard and not self.sweep:
+            raise ConfigError("guard: guard sets only act on a sweep (set sweep)")
+        if self.guard and 0.0 not in self.sweep:
+            raise ConfigError("guard: the sweep must include t = 0 (guard scores are compared with it)")
+        if self.guard_tolerance < 0:
+            raise ConfigError(f"guard_tolerance: must be >= 0, got {self.guard_tolerance}")
 
 
 def load_merge_config(path_or_url: str) -> MergeConfig:

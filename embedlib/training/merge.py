@@ -107,33 +107,61 @@ def sweep(
     max_length: int | None = None,
     quantization: str = "int8",
     cache: str | None = None,
+    guard_sets: dict[str, tuple[BeirDataset, bool]] | None = None,
 ) -> list[dict]:
-    """One point per weight: ``{"t", "scores": {dev set: score}, "mean"}``; ``dev_sets`` maps a name to
-    ``(dataset, is_q2q)``."""
+    """One point per weight: ``{"t", "scores": {dev set: score}, "mean"}``, plus ``"guard": {guard set: score}``
+    with ``guard_sets``; both map a name to ``(dataset, is_q2q)``."""
     other = Encoder.from_pretrained(second, device="cpu", dtype="fp32")
     curve = []
     for t in weights:
         encoder = merged_encoder(first, other, t, method, max_length)
-        scores = {
-            name: dev_score(encoder, f"merge@{t:g}/{name}", dataset, q2q, quantization, cache)
-            for name, (dataset, q2q) in dev_sets.items()
-        }
-        curve.append({"t": t, "scores": scores, "mean": sum(scores.values()) / len(scores)})
+        point = {"t": t, "scores": dev_scores(encoder, t, dev_sets, quantization, cache)}
+        point["mean"] = sum(point["scores"].values()) / len(point["scores"])
+        if guard_sets:
+            point["guard"] = dev_scores(encoder, t, guard_sets, quantization, cache)
+        curve.append(point)
     return curve
 
 
-def best_weight(curve: Sequence[dict], keep_gain: float | None = None) -> float:
+def dev_scores(
+    encoder: Encoder, t: float, sets: dict[str, tuple[BeirDataset, bool]], quantization: str, cache: str | None
+) -> dict[str, float]:
+    return {
+        name: dev_score(encoder, f"merge@{t:g}/{name}", dataset, q2q, quantization, cache)
+        for name, (dataset, q2q) in sets.items()
+    }
+
+
+def best_weight(curve: Sequence[dict], keep_gain: float | None = None, guard_tolerance: float = 0.0) -> float:
     """The weight of the best mean dev score (the smaller weight on a tie: closer to ``first``).
 
     ``keep_gain``: instead, the smallest weight whose mean dev gain over ``first`` (the t = 0 point) is at least
     this fraction of the best gain: as close to ``first`` as possible while keeping that share of what training
     added on the dev sets (t = 0 when nothing was gained).
+
+    Points with ``"guard"`` scores cap the result at ``guard_limit``.
     """
     best = max(curve, key=lambda point: (point["mean"], -point["t"]))
     start = next((point for point in curve if point["t"] == 0.0), None)
     if keep_gain is None or start is None:
-        return best["t"]
-    gain = best["mean"] - start["mean"]
-    if gain <= 0:
-        return 0.0
-    return min(p["t"] for p in curve if p["mean"] - start["mean"] >= keep_gain * gain)
+        chosen = best["t"]
+    elif best["mean"] <= start["mean"]:
+        chosen = 0.0
+    else:
+        gain = best["mean"] - start["mean"]
+        chosen = min(p["t"] for p in curve if p["mean"] - start["mean"] >= keep_gain * gain)
+    if any("guard" in point for point in curve):
+        chosen = min(chosen, guard_limit(curve, guard_tolerance))
+    return chosen
+
+
+def guard_limit(curve: Sequence[dict], tolerance: float = 0.0) -> float:
+    """The largest weight up to which (every smaller weight included) no guard set scores more than ``tolerance``
+    below its t = 0 score: how far from ``first`` the domains never trained on allow."""
+    start = next(point for point in curve if point["t"] == 0.0)
+    limit = 0.0
+    for point in sorted(curve, key=lambda p: p["t"]):
+        if any(point["guard"][name] < start["guard"][name] - tolerance for name in start["guard"]):
+            break
+        limit = point["t"]
+    return limit

@@ -8,7 +8,8 @@ Sources (``SourceConfig.kind``):
 - ``spans``: self-supervised neighbouring spans of plain text (a short span -> the span that follows it).
 
 Every row carries ``source`` (its source's name): the contrastive losses keep in-batch negatives within a
-source, and the same held-out split functions give the evaluation / dev sets (``heldout_dataset``).
+source, and the same held-out split functions give the evaluation / dev sets (``heldout_dataset``) and the guard
+sets of domains never trained on (``unseen_dataset``).
 """
 
 from __future__ import annotations
@@ -88,15 +89,31 @@ def heldout_dataset(source: SourceConfig, max_docs: int | None = None) -> BeirDa
     if source.kind == "spans" or source.holdout <= 0:
         raise DataError(f"source {source.name!r}: no held-out split (holdout is {source.holdout})")
     dataset = load_beir(source.url, source.split)
-    held = restrict_qrels(dataset, heldout_queries(source, dataset))
-    if max_docs is None or max_docs >= len(held.corpus):
-        return held
-    judged = {d for docs in held.qrels.values() for d in docs}
-    rng = random.Random(source.seed)
-    ranked = rng.sample(sorted(judged & set(held.corpus)), len(judged & set(held.corpus)))
-    ranked += rng.sample(sorted(set(held.corpus) - judged), len(held.corpus) - len(ranked))
+    return sampled_corpus(restrict_qrels(dataset, heldout_queries(source, dataset)), max_docs, source.seed)
+
+
+def unseen_dataset(source: SourceConfig, max_docs: int | None = None) -> BeirDataset:
+    """A source of a domain the model never trained on, as a guard dev set: beir / q2q: the queries outside its
+    held-out split (which may be an evaluation set, so it stays unseen); spans: its span pairs (``max_pairs``).
+    ``max_docs`` as in ``heldout_dataset``."""
+    if source.kind == "spans":
+        return sampled_corpus(span_source(source).pool, max_docs, source.seed)
+    dataset = load_beir(source.url, source.split)
+    if source.holdout > 0:
+        dataset = restrict_qrels(dataset, set(dataset.qrels) - heldout_queries(source, dataset))
+    return sampled_corpus(dataset, max_docs, source.seed)
+
+
+def sampled_corpus(dataset: BeirDataset, max_docs: int | None, seed: int) -> BeirDataset:
+    """``dataset`` over a seeded sample of ``max_docs`` of its documents, the judged ones first (None: all)."""
+    if max_docs is None or max_docs >= len(dataset.corpus):
+        return dataset
+    judged = {d for docs in dataset.qrels.values() for d in docs} & set(dataset.corpus)
+    rng = random.Random(seed)
+    ranked = rng.sample(sorted(judged), len(judged))
+    ranked += rng.sample(sorted(set(dataset.corpus) - judged), len(dataset.corpus) - len(ranked))
     keep = set(ranked[:max_docs])
-    return dataclasses.replace(held, corpus={d: text for d, text in held.corpus.items() if d in keep})
+    return dataclasses.replace(dataset, corpus={d: text for d, text in dataset.corpus.items() if d in keep})
 
 
 def capped(pairs: list[dict], source: SourceConfig) -> list[dict]:

@@ -55,7 +55,7 @@ def finished_png(fig, ax) -> bytes:
 
 
 def merge_curve_png(curve: Sequence[dict], chosen: float, ylabel: str = "dev score (INT8)") -> bytes:
-    """One PNG of a merge sweep: each dev set's score and their mean against the weight ``t``."""
+    """One PNG of a merge sweep: each dev set's score, their mean and any guard set's score against the weight ``t``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,6 +66,8 @@ def merge_curve_png(curve: Sequence[dict], chosen: float, ylabel: str = "dev sco
     for name in curve[0]["scores"]:
         ax.plot(ts, [point["scores"][name] for point in curve], marker="o", label=name)
     ax.plot(ts, [point["mean"] for point in curve], marker="s", color="black", label="mean")
+    for name in curve[0].get("guard", {}):
+        ax.plot(ts, [point["guard"][name] for point in curve], marker="^", linestyle=":", label=f"{name} (guard)")
     ax.axvline(chosen, color="grey", linestyle="--", label=f"chosen t={chosen:g}")
     ax.set_xlabel("t (0: first checkpoint, 1: second)")
     ax.set_ylabel(ylabel)
