@@ -33,7 +33,7 @@ from embedlib.training.mixture import (
     with_negatives,
 )
 from embedlib.training.stages import ContrastiveCollator
-from tests.conftest import write_beir_subset
+from tests.conftest import ROOT, write_beir_subset
 
 
 def train_config(sources: list[dict], **data) -> TrainConfig:
@@ -327,11 +327,52 @@ def test_sweep_scores_each_weight_on_the_heldout_queries(tiny_models, shared_dat
     encoder.save_pretrained(other)
     beir = write_beir_subset(shared_data / "cranfield", tmp_path / "cranfield", 20, 40)
     dev = heldout_dataset(SourceConfig(name="cran", kind="beir", url=str(beir), split="test", holdout=0.5))
-    curve = sweep(first, other, [0.0, 0.5, 1.0], {"cran": (dev, False)}, method="linear", max_length=32)
+    guard = unseen_dataset(SourceConfig(name="cran", kind="beir", url=str(beir), split="test", holdout=0.5))
+    curve = sweep(first, other, [0.0, 0.5, 1.0], {"cran": (dev, False)}, method="linear", max_length=32,
+                  guard_sets={"unseen": (guard, False)})
     assert [p["t"] for p in curve] == [0.0, 0.5, 1.0]
     for point, model in ((curve[0], first), (curve[2], other)):
-        alone = dev_score(Encoder.from_pretrained(model, device="cpu", max_length=32), "x", dev, False, "int8", None)
-        assert point["scores"]["cran"] == pytest.approx(alone)
+        encoder = Encoder.from_pretrained(model, device="cpu", max_length=32)
+        assert point["scores"]["cran"] == pytest.approx(dev_score(encoder, "x", dev, False, "int8", None))
+        assert point["guard"]["unseen"] == pytest.approx(dev_score(encoder, "y", guard, False, "int8", None))
+        assert "unseen" not in point["scores"]  # guard sets never enter the dev mean the rule maximises
+
+
+def test_merge_job_sweeps_with_guard_sets_and_merges_at_the_chosen_weight(tiny_models, shared_data, tmp_path,
+                                                                          monkeypatch, capsys):
+    import json
+    import sys
+
+    from embedlib.encoding.encoder import Encoder
+    from embedlib.training.merge import guard_limit
+    from embedlib.training.recipe import read_recipe
+
+    monkeypatch.syspath_prepend(str(ROOT / "jobs"))
+    sys.modules.pop("merge", None)
+    import merge as merge_job
+
+    first = tiny_models["pplx-embed"]
+    encoder = Encoder.from_pretrained(first, device="cpu")
+    with torch.no_grad():
+        for p in encoder.model.parameters():
+            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(5)))
+    encoder.save_pretrained(tmp_path / "second")
+    beir = write_beir_subset(shared_data / "cranfield", tmp_path / "cranfield", 20, 40)
+    source = f"{{name: cran, kind: beir, url: {beir}, split: test, holdout: 0.5}}"
+    for name, tolerance in (("strict", 0.0), ("loose", 10.0)):
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(f"first: {first}\nsecond: {tmp_path / 'second'}\noutput: {tmp_path / name}\n"
+                          f"method: linear\nmax_length: 32\nsweep: [0.0, 0.5, 1.0]\ndev: [{source}]\n"
+                          f"guard: [{source}]\nguard_tolerance: {tolerance}\n")
+        assert merge_job.main(["--config", str(config)]) == 0
+        report = json.loads((tmp_path / name / "merge_sweep.json").read_text())
+        assert all(set(point["guard"]) == {"cran"} for point in report["curve"])
+        assert report["guard_limit"] == guard_limit(report["curve"], tolerance)
+        assert report["chosen_t"] <= report["guard_limit"]
+        assert read_recipe(tmp_path / name)["config"]["t"] == report["chosen_t"]
+        assert (tmp_path / name / "merge_sweep.png").stat().st_size > 0
+    assert report["guard_limit"] == 1.0  # a tolerance no score can fall through never caps the weight
+    assert "cran" in capsys.readouterr().out
 
 
 def drift_after_training(model: str, anchor_weight: float, steps: int = 6) -> float:
