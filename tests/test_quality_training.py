@@ -78,7 +78,9 @@ def test_merge_config_errors_name_the_field():
             from_dict(MergeConfig, {"first": "a", "second": "b", "output": "c", **fields})
     guard = [{"name": "g", "kind": "spans", "url": "x"}]
     for fields, field in (({}, "guard"), ({"sweep": [0.5, 1.0], "dev": dev}, "guard"),
-                          ({"sweep": [0.0, 1.0], "dev": dev, "guard_tolerance": -0.1}, "guard_tolerance")):
+                          ({"sweep": [0.0, 1.0], "dev": dev, "guard_tolerance": -0.1}, "guard_tolerance"),
+                          ({"sweep": [0.0, 1.0], "dev": dev, "guard": [*guard, *guard]}, r"guard\[1\]\.name"),
+                          ({"sweep": [0.0, 1.0], "dev": dev, "guard": [{**guard[0], "name": "d"}]}, r"guard\[0\]\.name")):
         with pytest.raises(ConfigError, match="^" + field + ":"):
             from_dict(MergeConfig, {"first": "a", "second": "b", "output": "c", "guard": guard, **fields})
 
@@ -358,21 +360,22 @@ def test_merge_job_sweeps_with_guard_sets_and_merges_at_the_chosen_weight(tiny_m
             p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(5)))
     encoder.save_pretrained(tmp_path / "second")
     beir = write_beir_subset(shared_data / "cranfield", tmp_path / "cranfield", 20, 40)
-    source = f"{{name: cran, kind: beir, url: {beir}, split: test, holdout: 0.5}}"
+    source = f"kind: beir, url: {beir}, split: test, holdout: 0.5"
     for name, tolerance in (("strict", 0.0), ("loose", 10.0)):
         config = tmp_path / f"{name}.yaml"
         config.write_text(f"first: {first}\nsecond: {tmp_path / 'second'}\noutput: {tmp_path / name}\n"
-                          f"method: linear\nmax_length: 32\nsweep: [0.0, 0.5, 1.0]\ndev: [{source}]\n"
-                          f"guard: [{source}]\nguard_tolerance: {tolerance}\n")
+                          f"method: linear\nmax_length: 32\nsweep: [0.0, 0.5, 1.0]\ndev: [{{name: cran, {source}}}]\n"
+                          f"guard: [{{name: unseen, {source}}}]\nguard_tolerance: {tolerance}\n")
         assert merge_job.main(["--config", str(config)]) == 0
         report = json.loads((tmp_path / name / "merge_sweep.json").read_text())
-        assert all(set(point["guard"]) == {"cran"} for point in report["curve"])
+        assert all(set(point["guard"]) == {"unseen"} for point in report["curve"])
+        assert report["dev_queries"]["cran"] + report["dev_queries"]["unseen"] == 20  # the split and the rest
         assert report["guard_limit"] == guard_limit(report["curve"], tolerance)
         assert report["chosen_t"] <= report["guard_limit"]
         assert read_recipe(tmp_path / name)["config"]["t"] == report["chosen_t"]
         assert (tmp_path / name / "merge_sweep.png").stat().st_size > 0
     assert report["guard_limit"] == 1.0  # a tolerance no score can fall through never caps the weight
-    assert "cran" in capsys.readouterr().out
+    assert "unseen" in capsys.readouterr().out
 
 
 def drift_after_training(model: str, anchor_weight: float, steps: int = 6) -> float:

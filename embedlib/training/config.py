@@ -303,6 +303,13 @@ class MergeConfig:
             raise ConfigError("guard: the sweep must include t = 0 (guard scores are compared with it)")
         if self.guard_tolerance < 0:
             raise ConfigError(f"guard_tolerance: must be >= 0, got {self.guard_tolerance}")
+        seen: set[str] = set()
+        for key, sources in (("dev", self.dev or []), ("guard", self.guard or [])):
+            for i, source in enumerate(sources):
+                if source.name in seen:
+                    raise ConfigError(f"{key}[{i}].name: {source.name!r} names another dev or guard set already "
+                                      "(their scores are reported by name)")
+                seen.add(source.name)
 
 
 def load_merge_config(path_or_url: str) -> MergeConfig:
