@@ -250,3 +250,18 @@ def tiny_pretrain_values(model: str | Path, tmp_path: Path, run_name: str, **fie
         "scaling": {"num_workers": 1, "cpus_per_worker": 0.5}, "checkpoint_url": str(tmp_path / "ckpt"),
         "checkpoint_every": 1, "run_name": run_name, **fields,
     }
+
+
+def perturbed_copy(model: str | Path, target: Path, seed: int = 0) -> Path:
+    """``model`` with seeded noise added to every weight, saved at ``target`` (its binary centre kept)."""
+    import torch
+
+    from embedlib.encoding.encoder import Encoder
+
+    encoder = Encoder.from_pretrained(model, device="cpu")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in encoder.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    encoder.save_pretrained(target)
+    return target

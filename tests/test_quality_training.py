@@ -33,7 +33,7 @@ from embedlib.training.mixture import (
     with_negatives,
 )
 from embedlib.training.stages import ContrastiveCollator
-from tests.conftest import ROOT, write_beir_subset
+from tests.conftest import ROOT, perturbed_copy, write_beir_subset
 
 
 def train_config(sources: list[dict], **data) -> TrainConfig:
@@ -321,12 +321,7 @@ def test_sweep_scores_each_weight_on_the_heldout_queries(tiny_models, shared_dat
     from embedlib.training.merge import dev_score
 
     first = tiny_models["pplx-embed"]
-    other = tmp_path / "other"
-    encoder = Encoder.from_pretrained(first, device="cpu")
-    with torch.no_grad():
-        for p in encoder.model.parameters():
-            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(3)))
-    encoder.save_pretrained(other)
+    other = perturbed_copy(first, tmp_path / "other", seed=3)
     beir = write_beir_subset(shared_data / "cranfield", tmp_path / "cranfield", 20, 40)
     dev = heldout_dataset(SourceConfig(name="cran", kind="beir", url=str(beir), split="test", holdout=0.5))
     guard = unseen_dataset(SourceConfig(name="cran", kind="beir", url=str(beir), split="test", holdout=0.5))
@@ -345,7 +340,6 @@ def test_merge_job_sweeps_with_guard_sets_and_merges_at_the_chosen_weight(tiny_m
     import json
     import sys
 
-    from embedlib.encoding.encoder import Encoder
     from embedlib.training.merge import guard_limit
     from embedlib.training.recipe import read_recipe
 
@@ -354,11 +348,7 @@ def test_merge_job_sweeps_with_guard_sets_and_merges_at_the_chosen_weight(tiny_m
     import merge as merge_job
 
     first = tiny_models["pplx-embed"]
-    encoder = Encoder.from_pretrained(first, device="cpu")
-    with torch.no_grad():
-        for p in encoder.model.parameters():
-            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(5)))
-    encoder.save_pretrained(tmp_path / "second")
+    perturbed_copy(first, tmp_path / "second", seed=5)
     beir = write_beir_subset(shared_data / "cranfield", tmp_path / "cranfield", 20, 40)
     source = f"kind: beir, url: {beir}, split: test, holdout: 0.5"
     for name, tolerance in (("strict", 0.0), ("loose", 10.0)):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import centred_model, train_config
+from conftest import centred_model, perturbed_copy, train_config
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import BeirDataset, load_beir, read_records
@@ -134,16 +134,6 @@ def test_slerp_endpoints_and_arc():
     x, y = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     assert torch.allclose(slerp(x, y, 0.5), torch.tensor([2**-0.5, 2**-0.5]))  # on the arc, not the chord
     assert torch.allclose(slerp(x, 2 * x, 0.5), 1.5 * x)  # parallel: linear
-
-
-def perturbed_copy(model: Path, target: Path) -> Path:
-    """``model`` with noise added to every weight, saved at ``target`` (its binary centre kept)."""
-    encoder = Encoder.from_pretrained(model, device="cpu")
-    with torch.no_grad():
-        for p in encoder.model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    encoder.save_pretrained(target)
-    return target
 
 
 def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
