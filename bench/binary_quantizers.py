@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from quality_table import DEFAULT_EVAL_MAX_LENGTH, RECOMMENDED  # noqa: E402
+from quality_table import DEFAULT_EVAL_MAX_LENGTH, EVAL_CACHE, RECOMMENDED, WORK  # noqa: E402
 from result_file import Result  # noqa: E402
 
 from embedlib.data import default_model_path  # noqa: E402
@@ -46,7 +46,6 @@ from embedlib.eval.metrics import evaluate_run  # noqa: E402
 from embedlib.eval.systems import ModelEmbeddings  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
-QUALITY = "/tmp/embedlib-bench/quality"  # bench/quality_table.py's --work
 
 
 def signs(x: np.ndarray) -> np.ndarray:
@@ -106,11 +105,11 @@ def ndcg_at_10(scores: np.ndarray, query_ids: list[str], doc_ids: list[str], qre
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=f"base={default_model_path()},{RECOMMENDED}={QUALITY}/{RECOMMENDED}",
+    parser.add_argument("--models", default=f"base={default_model_path()},{RECOMMENDED}={WORK}/{RECOMMENDED}",
                         help="comma-separated name=path (default: the quality table's base and recommended)")
     parser.add_argument("--sets", default="scifact")
     parser.add_argument("--max-length", type=int, default=DEFAULT_EVAL_MAX_LENGTH)
-    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
+    parser.add_argument("--cache", default=EVAL_CACHE)
     args = parser.parse_args()
     at_default_length = args.max_length == DEFAULT_EVAL_MAX_LENGTH
     result = Result("binary_quantizers" if at_default_length else f"binary_quantizers-len{args.max_length}")

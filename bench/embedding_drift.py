@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from quality_table import DATA, QUORA_HELDOUT, RECOMMENDED, eval_sets, table_name  # noqa: E402
+from quality_table import DATA, EVAL_CACHE, QUORA_HELDOUT, RECOMMENDED, WORK, eval_sets, table_name  # noqa: E402
 from result_file import RESULTS, Result  # noqa: E402
 
 from embedlib.data import default_model_path  # noqa: E402
@@ -65,9 +65,9 @@ def int8_changes(row: str, max_length: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=DEFAULT_ROWS)
-    parser.add_argument("--work", default="/tmp/embedlib-bench/quality", help="quality_table.py's --work")
+    parser.add_argument("--work", default=WORK, help="quality_table.py's --work")
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
+    parser.add_argument("--cache", default=EVAL_CACHE)
     args = parser.parse_args()
     result = Result(f"embedding_drift-len{args.max_length}")
     started = time.time()

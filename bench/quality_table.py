@@ -92,6 +92,8 @@ QUANTIZATIONS = ("float", "int8", "binary")
 # the shipped configs' model: the training config, then the merge config (both checked at start)
 RECOMMENDED = "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-merged-keep90-dev2000"
 DEFAULT_EVAL_MAX_LENGTH = 128
+WORK = "/tmp/embedlib-bench/quality"  # --work: trained models and measured rows
+EVAL_CACHE = str(Path.home() / ".cache" / "embedlib" / "eval-embeddings")  # --cache
 ROWS = (
     "base", "multi-anchor-3ep-doc256-lr1e4", "multi-anchor-3ep-doc256-lr1e4-seed1",
     "multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-lr1e4-noquora-wikitext",
@@ -612,7 +614,7 @@ def build_table(measured: dict, args, result: Result) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {ROWS}")
-    parser.add_argument("--work", default="/tmp/embedlib-bench/quality")
+    parser.add_argument("--work", default=WORK)
     parser.add_argument("--eval-max-length", type=int, default=DEFAULT_EVAL_MAX_LENGTH,
                         help="tokens per text when evaluating; another length writes quality_table-len<N>.*")
     parser.add_argument("--steps", type=int, help="optimizer steps per recipe (default: the config's epochs)")
@@ -622,7 +624,7 @@ def main() -> None:
     parser.add_argument("--remeasure", default="",
                         help="comma-separated rows evaluated again even where measured or seeded (their models "
                              "are kept)")
-    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
+    parser.add_argument("--cache", default=EVAL_CACHE)
     args = parser.parse_args()
     wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
     remeasure = [r.strip() for r in args.remeasure.split(",") if r.strip()]
