@@ -35,7 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from quality_table import DEFAULT_EVAL_MAX_LENGTH, EVAL_CACHE, RECOMMENDED, WORK  # noqa: E402
+from eval_common import EVAL_CACHE  # noqa: E402
+from quality_table import DEFAULT_EVAL_MAX_LENGTH, RECOMMENDED, WORK  # noqa: E402
 from result_file import Result  # noqa: E402
 
 from embedlib.data import default_model_path  # noqa: E402

@@ -24,7 +24,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from quality_table import DATA, EVAL_CACHE, QUORA_HELDOUT, RECOMMENDED, WORK, eval_sets, table_name  # noqa: E402
+from eval_common import EVAL_CACHE  # noqa: E402
+from quality_table import DATA, QUORA_HELDOUT, RECOMMENDED, WORK, eval_sets, table_name  # noqa: E402
 from result_file import RESULTS, Result  # noqa: E402
 
 from embedlib.data import default_model_path  # noqa: E402

@@ -18,7 +18,8 @@ from result_file import Result  # noqa: E402
 from embedlib import storage  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
-CACHE = os.environ.get("EMBEDLIB_EVAL_CACHE", str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"))
+# embeddings of the evaluation sets, keyed by weights hash and shared by every bench
+EVAL_CACHE = os.environ.get("EMBEDLIB_EVAL_CACHE", str(storage.cache_root() / "eval-embeddings"))
 
 
 def minilm() -> str:
@@ -30,7 +31,7 @@ def minilm() -> str:
 def run_job(args: list[str], out: str, name: str) -> dict:
     """Run the evaluation CLI (it prints report.md), write its metrics.json as the result ``name`` and return it."""
     result = Result(name)
-    status = evaluate.main([*args, "--cache", CACHE, "--out", out])
+    status = evaluate.main([*args, "--cache", EVAL_CACHE, "--out", out])
     if status:
         raise SystemExit(status)
     document = json.loads(storage.read_bytes(storage.join(out, "metrics.json")))

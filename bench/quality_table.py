@@ -70,6 +70,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "jobs"))
 
 import merge as merge_job  # noqa: E402
+from eval_common import EVAL_CACHE  # noqa: E402
 from result_file import RESULTS, Result  # noqa: E402
 from train import prepare_mixture  # noqa: E402
 from train_common import plain_loop  # noqa: E402
@@ -93,7 +94,6 @@ QUANTIZATIONS = ("float", "int8", "binary")
 RECOMMENDED = "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-merged-keep90-dev2000"
 DEFAULT_EVAL_MAX_LENGTH = 128
 WORK = "/tmp/embedlib-bench/quality"  # --work: trained models and measured rows
-EVAL_CACHE = str(Path.home() / ".cache" / "embedlib" / "eval-embeddings")  # --cache
 ROWS = (
     "base", "multi-anchor-3ep-doc256-lr1e4", "multi-anchor-3ep-doc256-lr1e4-seed1",
     "multi-anchor-3ep-doc256-lr1e4-merged", "multi-anchor-3ep-doc256-lr1e4-noquora-wikitext",

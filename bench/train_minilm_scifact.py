@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import ray
 import torch
+from eval_common import EVAL_CACHE
 from result_file import parse_with_result
 from train_common import retrieval_scores
 
@@ -87,7 +88,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--cache",
-        default=str(Path.home() / ".cache" / "embedlib" / "eval-embeddings"),
+        default=EVAL_CACHE,
         help="embedding cache shared with the evaluation benches (keyed by weights hash)",
     )
     args, result = parse_with_result(parser, "train_minilm_scifact")
