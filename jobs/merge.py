@@ -3,7 +3,8 @@
 python jobs/merge.py --config jobs/configs/tiny-merge.yaml
 python jobs/merge.py --config jobs/configs/minilm-general-merge.yaml   # sweep base -> fine-tuned on dev queries
 
-YAML: ``first``, ``second``, ``output``, ``t``, ``method`` (slerp | linear). A sweep (``sweep: [0.3, 0.5, ...]``)
+YAML: ``first``, ``second``, ``output``, ``t``, ``method`` (slerp | linear), ``layer_scaling`` (none | linear: layer
+i of L moves t·i/(L - 1), the embeddings stay at ``first``). A sweep (``sweep: [0.3, 0.5, ...]``)
 scores each weight on the held-out queries of the ``dev`` sources (the training config's sources with the
 same ``holdout``: never trained on, never the test sets), saves the best at ``output`` and writes the curve
 beside it (``merge_sweep.json``, ``merge_sweep.png``). ``guard`` sources (domains never trained on) cap the weight
@@ -49,13 +50,14 @@ def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
     dev_sets = {source.name: (heldout_dataset(source, cfg.dev_max_docs), source.kind == "q2q") for source in cfg.dev}
     guard_sets = {s.name: (unseen_dataset(s, cfg.dev_max_docs), s.kind == "q2q") for s in cfg.guard or []}
     curve = sweep(cfg.first, cfg.second, cfg.sweep, dev_sets, cfg.method, cfg.max_length, cfg.quantization, cfg.cache,
-                  guard_sets)
+                  guard_sets, cfg.layer_scaling)
     chosen = best_weight(curve, cfg.keep_gain, cfg.guard_tolerance)
     every_set = dev_sets | guard_sets
     report = {
         "first": cfg.first,
         "second": cfg.second,
         "method": cfg.method,
+        "layer_scaling": cfg.layer_scaling,
         "quantization": cfg.quantization,
         "metric": {name: "recall@10" if q2q else "ndcg@10" for name, (_, q2q) in every_set.items()},
         "dev_queries": {name: len(dataset.qrels) for name, (dataset, _) in every_set.items()},
@@ -84,7 +86,7 @@ def merge(argv: list[str] | None) -> int:
             scores = " ".join(f"{name} {value:.4f}" for name, value in (point["scores"] | point.get("guard", {})).items())
             print(f"t={point['t']:g}: {scores} mean {point['mean']:.4f}")
         cfg.t = report["chosen_t"]
-    merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t, cfg.method)
+    merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t, cfg.method, cfg.layer_scaling)
     if cfg.binary_centre_docs:
         from embedlib.training.centre import fit_binary_centre
 

@@ -24,7 +24,7 @@ from embedlib.training.data import (
     text_rows,
     write_rows,
 )
-from embedlib.training.merge import merge_checkpoints, slerp
+from embedlib.training.merge import depth_shares, merge_checkpoints, slerp
 from embedlib.training.recipe import read_recipe
 from embedlib.training.stages import DiffusionObjective, PretrainCollator
 
@@ -154,6 +154,37 @@ def test_merge_checkpoints_endpoints(tiny_models, tmp_path):
     }
     assert halfway.encode(texts, quantization="float").shape == (2, halfway.dim)
     assert halfway.binary_centre is None  # the centre was fitted on other weights: not carried over
+
+
+@pytest.mark.parametrize("family", ["bert", "pplx-embed"])
+def test_depth_scaled_merge_keeps_embeddings_and_moves_the_last_layer_fully(tiny_models, tmp_path, family):
+    first = Encoder.from_pretrained(tiny_models[family], device="cpu").model.state_dict()
+    other = perturbed_copy(tiny_models[family], tmp_path / "other")
+    second = Encoder.from_pretrained(other, device="cpu").model.state_dict()
+    merge_checkpoints(tiny_models[family], other, tmp_path / "merged", 1.0, "linear", layer_scaling="linear")
+    merged = Encoder.from_pretrained(tmp_path / "merged", device="cpu").model.state_dict()
+    shares = depth_shares(first, "linear")
+    for name, share in shares.items():
+        if not first[name].is_floating_point():
+            continue
+        expected = torch.lerp(first[name].double(), second[name].double(), share).to(first[name].dtype)
+        assert torch.allclose(merged[name], expected, atol=1e-6), name
+    # two layers: the first stays at ``first``, the last and what follows it move fully, the embeddings stay
+    expected_share = {"embed": 0.0, "layer.0.": 0.0, "layers.0.": 0.0, "layer.1.": 1.0, "layers.1.": 1.0}
+    for name, share in shares.items():
+        assert share == next((v for k, v in expected_share.items() if k in name), 1.0), name
+    assert {0.0, 1.0} == set(shares.values())
+    assert read_recipe(tmp_path / "merged")["config"]["layer_scaling"] == "linear"
+
+
+def test_depth_shares_of_minilm_layers():
+    names = ["embeddings.word_embeddings.weight", *(f"encoder.layer.{i}.output.dense.weight" for i in range(6)),
+             "pooler.dense.weight"]
+    shares = depth_shares(names, "linear")
+    assert [shares[name] for name in names] == [0.0, 0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0]
+    assert set(depth_shares(names).values()) == {1.0}
+    with pytest.raises(ValueError, match="layer_scaling"):
+        depth_shares(["embeddings.weight", "head.weight"], "linear")
 
 
 def test_merge_job_fits_the_merged_models_own_binary_centre(tiny_models, tmp_path, monkeypatch):

@@ -251,6 +251,9 @@ class MergeConfig:
     output: str
     t: float = 0.5  # the weight, unless ``sweep`` chooses it
     method: Literal["slerp", "linear"] = "slerp"
+    # "linear": layer i of L moves t·i/(L - 1) of the way, the embeddings stay at ``first`` (LiNeS; see
+    # ``embedlib.training.merge.depth_shares``); "none": every tensor moves t.
+    layer_scaling: Literal["none", "linear"] = "none"
     # Sweep: the weights tried, each scored on the held-out (never trained on) queries of ``dev``; the best
     # mean is saved at ``output``, the curve beside it (merge_sweep.json / .png).
     sweep: list[float] | None = None

@@ -4,7 +4,8 @@ chooses the weight on held-out dev queries (WiSE-FT-style interpolation against 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import torch
@@ -16,6 +17,8 @@ from embedlib.training.recipe import write_recipe
 
 PARALLEL_DOT = 0.9995  # |cos| above this: the arc is degenerate, interpolate linearly
 Method = Literal["slerp", "linear"]
+LayerScaling = Literal["none", "linear"]
+LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")  # BERT's encoder.layer.<i>., Qwen's layers.<i>.
 
 
 def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
@@ -46,26 +49,57 @@ def lerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
     return torch.lerp(a.double(), b.double(), t).to(a.dtype)
 
 
+def depth_shares(names: Iterable[str], layer_scaling: LayerScaling = "none") -> dict[str, float]:
+    """The share of ``t`` each tensor moves: 1 for all with ``"none"``. With ``"linear"`` (LiNeS, Wang et al.
+    2024: the shallow layers hold the general features that fine-tuning should not move), layer ``i`` of ``L``
+    moves ``i / (L - 1)``, the embeddings 0 and what follows the last layer (final norm, pooler) 1."""
+    names = list(names)
+    if layer_scaling == "none":
+        return dict.fromkeys(names, 1.0)
+    layers = {name: int(match.group(1)) for name in names if (match := LAYER_INDEX.search(name))}
+    if not layers:
+        raise ValueError("layer_scaling: no tensor is named like a layer (layers.<i>. or layer.<i>.)")
+    last = max(layers.values())
+    shares = {}
+    for name in names:
+        if name in layers:
+            shares[name] = layers[name] / last if last else 1.0
+        else:
+            shares[name] = 0.0 if "embed" in name else 1.0
+    return shares
+
+
 def interpolate_state_dicts(
-    first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], t: float, method: Method = "slerp"
+    first: dict[str, torch.Tensor],
+    second: dict[str, torch.Tensor],
+    t: float,
+    method: Method = "slerp",
+    layer_scaling: LayerScaling = "none",
 ) -> dict[str, torch.Tensor]:
-    """Per-tensor SLERP or linear interpolation of two state dicts with the same keys."""
+    """Per-tensor SLERP or linear interpolation of two state dicts with the same keys, each tensor at
+    ``t`` times its ``depth_shares`` share."""
     if set(first) != set(second):
         missing = sorted(set(first) ^ set(second))
         raise ValueError(f"checkpoints differ in tensors: {missing[:5]}")
     merge = slerp if method == "slerp" else lerp
-    return {name: merge(first[name], second[name], t) for name in first}
+    shares = depth_shares(first, layer_scaling)
+    return {name: merge(first[name], second[name], t * shares[name]) for name in first}
 
 
 def merged_encoder(
-    first: str | os.PathLike, second: Encoder, t: float, method: Method = "slerp", max_length: int | None = None
+    first: str | os.PathLike,
+    second: Encoder,
+    t: float,
+    method: Method = "slerp",
+    max_length: int | None = None,
+    layer_scaling: LayerScaling = "none",
 ) -> Encoder:
     """``first`` loaded and moved ``t`` of the way to ``second``'s weights (a fresh encoder: its own weights hash,
     and no binary centre: either model's was fitted on other weights)."""
     if not 0.0 <= t <= 1.0:
         raise ValueError(f"t: must be in [0, 1], got {t}")
     encoder = Encoder.from_pretrained(first, device="cpu", dtype="fp32", max_length=max_length)
-    weights = interpolate_state_dicts(encoder.model.state_dict(), second.model.state_dict(), t, method)
+    weights = interpolate_state_dicts(encoder.model.state_dict(), second.model.state_dict(), t, method, layer_scaling)
     encoder.model.load_state_dict(weights)
     encoder.backbone.binary_centre = None
     return encoder
@@ -77,12 +111,14 @@ def merge_checkpoints(
     output: str | os.PathLike,
     t: float = 0.5,
     method: Method = "slerp",
+    layer_scaling: LayerScaling = "none",
 ) -> Encoder:
     """Interpolate ``first`` (t=0) towards ``second`` (t=1) and save the result with ``Encoder.save_pretrained``."""
     other = Encoder.from_pretrained(second, device="cpu", dtype="fp32")
-    merged = merged_encoder(first, other, t, method)
+    merged = merged_encoder(first, other, t, method, layer_scaling=layer_scaling)
     merged.save_pretrained(output)
-    write_recipe(output, MergeConfig(first=str(first), second=str(second), output=str(output), t=t, method=method))
+    write_recipe(output, MergeConfig(first=str(first), second=str(second), output=str(output), t=t, method=method,
+                                     layer_scaling=layer_scaling))
     return merged
 
 
@@ -108,13 +144,14 @@ def sweep(
     quantization: str = "int8",
     cache: str | None = None,
     guard_sets: dict[str, tuple[BeirDataset, bool]] | None = None,
+    layer_scaling: LayerScaling = "none",
 ) -> list[dict]:
     """One point per weight: ``{"t", "scores": {dev set: score}, "mean"}``, plus ``"guard": {guard set: score}``
     with ``guard_sets``; both map a name to ``(dataset, is_q2q)``."""
     other = Encoder.from_pretrained(second, device="cpu", dtype="fp32")
     curve = []
     for t in weights:
-        encoder = merged_encoder(first, other, t, method, max_length)
+        encoder = merged_encoder(first, other, t, method, max_length, layer_scaling)
         point = {"t": t, "scores": dev_scores(encoder, t, dev_sets, quantization, cache)}
         point["mean"] = sum(point["scores"].values()) / len(point["scores"])
         if guard_sets:
