@@ -512,7 +512,8 @@ def markdown(table: dict) -> str:
         centred = row.get("binary_code") == CENTRED_BINARY_CODE
         lines.append(f"| {name}{' (c)' if centred else ''} | " + " | ".join(cells) + f" | {mean['int8']:.4f} / {mean['binary']:.4f} / {mean['float']:.4f} |")
     for name, curve in table.get("merge_curves", {}).items():
-        lines += ["", f"Merge sweep (base -> {merged_source(name)}, dev INT8 nDCG@10 on held-out training queries):", ""]
+        lines += ["", f"Merge sweep of {name} (base -> {merged_source(name)}, dev INT8 nDCG@10 on held-out training "
+                  "queries):", ""]
         for point in curve["curve"]:
             scores = ", ".join(f"{k} {v:.4f}" for k, v in point["scores"].items())
             lines.append(f"- t={point['t']:g}: {scores}; mean {point['mean']:.4f}")
