@@ -213,6 +213,30 @@ def test_merge_job_fits_the_merged_models_own_binary_centre(tiny_models, tmp_pat
     assert merge_job.main(["--config", str(config)]) == 2  # the docs without the rows: a config error
 
 
+def test_merge_job_scales_the_merge_by_depth(tiny_models, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.syspath_prepend(str(ROOT / "jobs"))
+    sys.modules.pop("merge", None)
+    import merge as merge_job
+
+    second = perturbed_copy(tiny_models["bert"], tmp_path / "second")
+    config = tmp_path / "merge.yaml"
+    config.write_text(f"first: {tiny_models['bert']}\nsecond: {second}\noutput: {tmp_path / 'merged'}\nt: 1.0\n"
+                      "method: linear\nlayer_scaling: linear\n")
+    assert merge_job.main(["--config", str(config)]) == 0
+    weights = {path: Encoder.from_pretrained(path, device="cpu").model.state_dict()
+               for path in (tiny_models["bert"], second, tmp_path / "merged")}
+    first, second_weights, merged = weights.values()
+    word = "embeddings.word_embeddings.weight"
+    last = "encoder.layer.1.attention.self.query.weight"
+    assert torch.equal(merged[word], first[word]) and not torch.equal(merged[word], second_weights[word])
+    assert torch.allclose(merged[last], second_weights[last], atol=1e-6)
+    config.write_text(config.read_text().replace("layer_scaling: linear", "layer_scaling: deep"))
+    assert merge_job.main(["--config", str(config)]) == 2
+    assert "layer_scaling: must be one of" in capsys.readouterr().err
+
+
 def test_lora_save_merges_and_reloads_equal(tiny_models, tmp_path):
     from embedlib.training.runner import save_trained_model
     from embedlib.training.stages import build_stage
