@@ -225,9 +225,8 @@ def test_merge_job_scales_the_merge_by_depth(tiny_models, tmp_path, monkeypatch,
     config.write_text(f"first: {tiny_models['bert']}\nsecond: {second}\noutput: {tmp_path / 'merged'}\nt: 1.0\n"
                       "method: linear\nlayer_scaling: linear\n")
     assert merge_job.main(["--config", str(config)]) == 0
-    weights = {path: Encoder.from_pretrained(path, device="cpu").model.state_dict()
-               for path in (tiny_models["bert"], second, tmp_path / "merged")}
-    first, second_weights, merged = weights.values()
+    first, second_weights, merged = (Encoder.from_pretrained(path, device="cpu").model.state_dict()
+                                     for path in (tiny_models["bert"], second, tmp_path / "merged"))
     word = "embeddings.word_embeddings.weight"
     last = "encoder.layer.1.attention.self.query.weight"
     assert torch.equal(merged[word], first[word]) and not torch.equal(merged[word], second_weights[word])
