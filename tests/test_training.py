@@ -187,13 +187,7 @@ def test_depth_shares_of_minilm_layers():
         depth_shares(["embeddings.weight", "head.weight"], "linear")
 
 
-def test_merge_job_fits_the_merged_models_own_binary_centre(tiny_models, tmp_path, monkeypatch):
-    import sys
-
-    monkeypatch.syspath_prepend(str(ROOT / "jobs"))
-    sys.modules.pop("merge", None)
-    import merge as merge_job
-
+def test_merge_job_fits_the_merged_models_own_binary_centre(tiny_models, tmp_path, merge_job):
     first = centred_model(tiny_models["pplx-embed"], tmp_path / "first", ["a centre of other weights"])
     second = perturbed_copy(first, tmp_path / "second")
     positives = [f"document {i} about {word}" for i, word in enumerate(["wings", "cones", "shocks", "heat"] * 3)]
@@ -213,13 +207,7 @@ def test_merge_job_fits_the_merged_models_own_binary_centre(tiny_models, tmp_pat
     assert merge_job.main(["--config", str(config)]) == 2  # the docs without the rows: a config error
 
 
-def test_merge_job_scales_the_merge_by_depth(tiny_models, tmp_path, monkeypatch, capsys):
-    import sys
-
-    monkeypatch.syspath_prepend(str(ROOT / "jobs"))
-    sys.modules.pop("merge", None)
-    import merge as merge_job
-
+def test_merge_job_scales_the_merge_by_depth(tiny_models, tmp_path, merge_job, capsys):
     second = perturbed_copy(tiny_models["bert"], tmp_path / "second")
     config = tmp_path / "merge.yaml"
     config.write_text(f"first: {tiny_models['bert']}\nsecond: {second}\noutput: {tmp_path / 'merged'}\nt: 1.0\n"
