@@ -193,6 +193,27 @@ def write_beir_subset(source: Path, target: Path, n_queries: int, n_extra_docs: 
     return target
 
 
+def cranfield_rows(*bounds: int) -> list[dict]:
+    """Rows of the bundled Cranfield sample corpus, sliced like ``range``: ``cranfield_rows(40)``,
+    ``cranfield_rows(20, 40)``."""
+    from embedlib.data import SAMPLE_DATASET
+
+    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
+        return [json.loads(line) for line in f][slice(*bounds)]
+
+
+def jsonl_bytes(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def write_jsonl(url: str | Path, rows: list[dict]) -> str:
+    """``rows`` as a JSON-lines file at a local path or any fsspec URL; returns the URL."""
+    from embedlib import storage
+
+    storage.write_bytes_atomic(str(url), jsonl_bytes(rows))
+    return str(url)
+
+
 def shard_tables(url: str | Path) -> list:
     """Every shard of the index published at ``url``, read back from storage as Arrow tables."""
     import io

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_beir_subset
+from conftest import cranfield_rows, write_beir_subset, write_jsonl
 
 from embedlib.data import SAMPLE_DATASET
 from embedlib.encoding.formats import embedded_text
@@ -27,11 +27,6 @@ def diffusion_model(tmp_path_factory) -> Path:
     return make_tiny_diffusion_qwen3_checkpoint(tmp_path_factory.mktemp("dr") / "tiny-diffusion-qwen3")
 
 
-def cranfield(n: int) -> list[dict]:
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        return [json.loads(line) for line in f][:n]
-
-
 def sample_queries(n: int) -> list[str]:
     with open(SAMPLE_DATASET / "queries.jsonl") as f:
         return [json.loads(line)["text"] for line in f][:n]
@@ -45,11 +40,10 @@ def as_indexed(docs: RepresentativeTokens) -> RepresentativeTokens:
 
 
 def test_pipeline_index_searches_like_exhaustive_scoring_in_every_mode(ray_cluster, tmp_path, diffusion_model):
-    rows = cranfield(40)
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = cranfield_rows(40)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", rows)
     output = str(tmp_path / "index")
-    cfg = IndexJobConfig(input=str(corpus), output=output, model=str(diffusion_model), method="diffretriever",
+    cfg = IndexJobConfig(input=corpus, output=output, model=str(diffusion_model), method="diffretriever",
                          k_passage=4, k_query=2, shard_size=15, batch_rows=20, show_progress=False)
     summary = build_index(cfg)
     assert (summary.docs_in, summary.embedded, summary.shards) == (40, 40, 3)

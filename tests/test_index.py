@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import all_ids, centred_model, shard_tables
+from conftest import all_ids, centred_model, cranfield_rows, jsonl_bytes, shard_tables, write_jsonl
 
 from embedlib import storage
 from embedlib.data import SAMPLE_DATASET
@@ -39,20 +39,6 @@ from embedlib.index.columns import column_matrix
 from embedlib.index.plan import check_locations, plan
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cranfield_rows(n: int) -> list[dict]:
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        return [json.loads(line) for line in f][:n]
-
-
-def jsonl_bytes(rows: list[dict]) -> bytes:
-    return "".join(json.dumps(r) + "\n" for r in rows).encode()
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_bytes(jsonl_bytes(rows))
-    return str(path)
 
 
 def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:

@@ -13,9 +13,9 @@ import threading
 import time
 
 import pytest
-from conftest import WAIT_S, all_ids, wait_for
+from conftest import WAIT_S, all_ids, cranfield_rows, jsonl_bytes, wait_for
 from local_cluster import actor_restarts, add_worker_node, live_actors, node_named
-from test_index import config, cranfield_rows, jsonl_bytes
+from test_index import config
 
 from embedlib import storage
 from embedlib.errors import UserError, one_line

@@ -9,10 +9,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import all_ids
+from conftest import all_ids, cranfield_rows, write_jsonl
 
-from embedlib import storage
-from embedlib.data import SAMPLE_DATASET
 from embedlib.index import (
     IndexJobConfig,
     InputError,
@@ -21,16 +19,6 @@ from embedlib.index import (
     build_index,
 )
 from embedlib.index import manifest as manifests
-
-
-def cranfield_rows(n: int) -> list[dict]:
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        return [json.loads(line) for line in f][:n]
-
-
-def write_jsonl(path: Path | str, rows: list[dict]) -> str:
-    storage.write_bytes_atomic(str(path), "".join(json.dumps(r) + "\n" for r in rows).encode())
-    return str(path)
 
 
 def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:

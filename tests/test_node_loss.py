@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import ray
-from conftest import cranfield_pair_rows, tiny_pair_values
+from conftest import cranfield_pair_rows, cranfield_rows, tiny_pair_values, write_jsonl
 from local_cluster import add_worker_node, node_named
 from train_faults import CheckpointMarkers, HoldForNodeLoss, wait_for_file
 
@@ -41,11 +41,9 @@ def index_url(multinode_cluster, tiny_models, tmp_path_factory) -> str:
     from embedlib.index import IndexJobConfig, build_index
 
     folder = tmp_path_factory.mktemp("served")
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        rows = [json.loads(line) for line in f][:120]
-    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = write_jsonl(folder / "corpus.jsonl", cranfield_rows(120))
     output = str(folder / "index")
-    build_index(IndexJobConfig(input=str(folder / "corpus.jsonl"), output=output,
+    build_index(IndexJobConfig(input=corpus, output=output,
                                model=str(tiny_models["pplx-embed"]), shard_size=20, show_progress=False))
     return output
 

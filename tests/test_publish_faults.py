@@ -13,26 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, all_ids
+from conftest import ROOT, all_ids, cranfield_rows, write_jsonl
 
 from embedlib import storage
 from embedlib.config import ConfigError
-from embedlib.data import SAMPLE_DATASET
 from embedlib.errors import UserError
 from embedlib.index import IndexJobConfig, ManifestError, ShardedIndex, build_index
 from embedlib.index import build as build_module
 from embedlib.index import manifest as manifests
 from embedlib.index.lease import LeaseHeldError, LeaseLostError, PublishLease, lease_url
-
-
-def cranfield_rows(start: int, stop: int) -> list[dict]:
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        return [json.loads(line) for line in f][start:stop]
-
-
-def write_jsonl(url: str, rows: list[dict]) -> str:
-    storage.write_bytes_atomic(url, "".join(json.dumps(r) + "\n" for r in rows).encode())
-    return url
 
 
 def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:

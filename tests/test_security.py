@@ -19,9 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import tiny_pretrain_values
+from conftest import cranfield_rows, tiny_pretrain_values, write_jsonl
 
-from embedlib.data import SAMPLE_DATASET
 from embedlib.index import IndexJobConfig, ManifestError, ShardedIndex, build_index
 from embedlib.models.loading import CheckpointError
 from embedlib.storage import redact_text, redact_url
@@ -127,18 +126,12 @@ def test_a_diffusion_lm_checkpoint_error_does_not_show_the_urls_credentials(
 
 # --- manifests: well formed, plain shard names, in agreement with the shards -----------------------------------
 
-def cranfield_rows(n: int) -> list[dict]:
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        return [json.loads(line) for line in f][:n]
-
-
 @pytest.fixture(scope="module")
 def built_index(ray_cluster, tmp_path_factory, tiny_models) -> Path:
     """A real two-shard int8 index of 40 Cranfield documents, built once for this module."""
     root = tmp_path_factory.mktemp("security-index")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in cranfield_rows(40)))
-    build_index(IndexJobConfig(input=str(corpus), output=str(root / "index"), model=str(tiny_models["bert"]),
+    corpus = write_jsonl(root / "corpus.jsonl", cranfield_rows(40))
+    build_index(IndexJobConfig(input=corpus, output=str(root / "index"), model=str(tiny_models["bert"]),
                                shard_size=20, batch_rows=16, show_progress=False))
     return root / "index"
 
