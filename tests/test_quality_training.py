@@ -36,10 +36,10 @@ from embedlib.training.stages import ContrastiveCollator
 from tests.conftest import perturbed_copy, write_beir_subset
 
 
-def train_config(sources: list[dict], **data) -> TrainConfig:
+def train_config(sources: list[dict], anchor_weight: float = 0.0, **data) -> TrainConfig:
     return from_dict(
         TrainConfig,
-        {"stage": "pair", "model": "m", "output": "o", "batch_size": 8,
+        {"stage": "pair", "model": "m", "output": "o", "batch_size": 8, "anchor_weight": anchor_weight,
          "data": {"url": "rows.parquet", "sources": sources, **data}},
     )
 
@@ -58,6 +58,21 @@ def train_config(sources: list[dict], **data) -> TrainConfig:
 def test_mixture_config_errors_name_the_field(sources, field):
     with pytest.raises(ConfigError, match="^" + re.escape(field) + ":"):
         train_config(sources)
+
+
+def test_anchor_only_sources_need_the_anchor_same_source_batches_and_a_source_that_trains():
+    replay = {"name": "r", "kind": "spans", "url": "x", "loss": "anchor"}
+    trained = {"name": "a", "kind": "beir", "url": "x"}
+    for sources, fields, message in (
+        ([trained, replay], {}, r"^data\.sources\[1\]\.loss: an anchor-only source needs anchor_weight > 0"),
+        ([trained, replay], {"anchor_weight": 1.0, "same_source_batches": False},
+         r"^data\.sources\[1\]\.loss: an anchor-only source needs data\.same_source_batches"),
+        ([replay], {"anchor_weight": 1.0}, r"^data\.sources: every source is anchor-only"),
+        ([{**trained, "loss": "none"}], {}, r"^data\.sources\[0\]\.loss"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            train_config(sources, **fields)
+    assert train_config([trained, replay], anchor_weight=1.0).data.sources[1].loss == "anchor"
 
 
 def test_merge_config_errors_name_the_field():
@@ -96,6 +111,16 @@ def test_mixture_follows_weights_in_same_source_batches():
     assert all(len({r["source"] for r in batch}) == 1 for batch in batches)
     assert [b[0]["source"] for b in batches] != sorted(b[0]["source"] for b in batches)  # batches interleaved
     assert all(r["query"].startswith(r["source"]) for r in rows)
+
+
+def test_anchor_only_rows_are_tagged_in_batches_of_their_own():
+    sources = [SourceConfig(name="a", kind="beir", url="x"), SourceConfig(name="r", kind="spans", url="y", loss="anchor")]
+    per_source = [[{"query": f"{n}{i}", "positive": "p", "query_id": str(i), "doc_id": str(i)} for i in range(10)]
+                  for n in "ar"]
+    rows = mixture_rows(sources, per_source, rows=64, batch_size=8, seed=0)
+    assert {(r["source"], r["anchor_only"]) for r in rows} == {("a", False), ("r", True)}
+    assert all(len({r["anchor_only"] for r in rows[i : i + 8]}) == 1 for i in range(0, len(rows), 8))
+    assert "anchor_only" not in mixture_rows(sources[:1], per_source[:1], rows=16, batch_size=8)[0]
 
 
 def test_quora_training_pairs_never_touch_the_heldout_groups(shared_data):
@@ -400,6 +425,39 @@ def test_anchor_guard_keeps_the_embeddings_near_the_starting_model(tiny_models):
     model = str(tiny_models["pplx-embed"])
     free, anchored = drift_after_training(model, 0.0), drift_after_training(model, 50.0)
     assert anchored < 0.5 * free, (anchored, free)
+
+
+def test_anchor_only_batches_pull_a_drifted_model_back_to_the_starting_model(tiny_models):
+    from embedlib.training.stages import build_stage
+
+    cfg = from_dict(TrainConfig, {
+        "stage": "triplet", "model": str(tiny_models["pplx-embed"]), "output": "unused", "batch_size": 8,
+        "anchor_weight": 10.0, "hard_negatives": 1, "optimizer": {"lr": 1e-3},
+        "data": {"url": "unused", "max_length": 16, "query_max_length": 16},
+    })
+    torch.manual_seed(0)
+    parts = build_stage(cfg, seed=0)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+    rows = {"query": [f"{w} query" for w in words], "positive": [f"the {w} document" for w in words],
+            "anchor_only": [True] * 8}
+    batch = parts.collate(rows)
+    assert batch["anchor_only"] is True and "negatives" not in batch  # no triplet negatives read or encoded
+    with pytest.raises(ValueError, match="mixes anchor-only rows with training rows"):
+        parts.collate({**rows, "anchor_only": [True] * 7 + [False]})
+    with torch.no_grad():
+        for param in parts.module.backbone.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    trainable = [p for p in parts.module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.optimizer.lr)
+    drift = []
+    for _ in range(8):
+        out = parts.module(batch)
+        assert torch.allclose(out["loss"], cfg.anchor_weight * out["anchor_loss"])  # the anchor term alone
+        drift.append(float(out["anchor_loss"]))
+        out["loss"].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert drift[0] > 0.01 and drift[-1] < 0.5 * drift[0], drift
 
 
 def test_anchor_guard_is_for_pair_and_triplet_stages():

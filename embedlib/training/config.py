@@ -15,6 +15,7 @@ STAGES: tuple[str, ...] = get_args(Stage)
 
 
 SourceKind = Literal["beir", "q2q", "spans"]
+SourceLoss = Literal["contrastive", "anchor"]
 
 
 @dataclass
@@ -34,6 +35,9 @@ class SourceConfig:
     # incomplete (NFCorpus), the top of that ranking is mostly relevant documents nobody judged
     negatives_skip_top: int = 0
     seed: int = 0  # of the held-out split and the span sample
+    # contrastive: the stage's loss (plus the anchor term); anchor: the anchor term alone, which holds the model to
+    # the starting model's embeddings of the source's texts (replay of a domain not trained for, against forgetting)
+    loss: SourceLoss = "contrastive"
 
 
 @dataclass
@@ -208,11 +212,17 @@ def validate_sources(cfg: TrainConfig) -> None:
             ("max_pairs", source.max_pairs is None or source.max_pairs >= 1, "must be >= 1 or null"),
             ("negatives_skip_top", source.negatives_skip_top >= 0, "must be >= 0"),
             ("min_relevance", source.min_relevance >= 1, "must be >= 1"),
+            ("loss", source.loss != "anchor" or cfg.anchor_weight > 0,
+             "an anchor-only source needs anchor_weight > 0"),
+            ("loss", source.loss != "anchor" or data.same_source_batches,
+             "an anchor-only source needs data.same_source_batches (a batch is anchor-only or not)"),
         ]
         for field_name, ok, message in checks:
             if not ok:
                 raise ConfigError(f"{name}.{field_name}: {message}")
         seen.add(source.name)
+    if all(source.loss == "anchor" for source in data.sources):
+        raise ConfigError("data.sources: every source is anchor-only (loss: anchor); at least one must train")
 
 
 def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> TrainConfig:

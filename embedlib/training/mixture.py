@@ -7,6 +7,9 @@ Sources (``SourceConfig.kind``):
   any of its duplicates is trained on;
 - ``spans``: self-supervised neighbouring spans of plain text (a short span -> the span that follows it).
 
+A source with ``loss: anchor`` trains no contrastive term: its batches only hold the model to the starting model's
+embeddings of their texts (replay of a domain that is not trained for, against forgetting).
+
 Every row carries ``source`` (its source's name): the contrastive losses keep in-batch negatives within a
 source, and the same held-out split functions give the evaluation / dev sets (``heldout_dataset``) and the guard
 sets of domains never trained on (``unseen_dataset``).
@@ -222,7 +225,8 @@ def mixture_rows(
     same_source_batches: bool = True,
     seed: int = 0,
 ) -> list[dict]:
-    """The mixture: rows sampled per source by weight, tagged with ``source``, in same-source batches.
+    """The mixture: rows sampled per source by weight, tagged with ``source``, in same-source batches; where a
+    source is anchor-only (``loss: anchor``), every row is also tagged ``anchor_only``.
 
     ``rows`` ``None``: every source's rows once, whatever the weights.
     """
@@ -233,8 +237,10 @@ def mixture_rows(
     else:
         counts = rows_per_source([s.weight for s in sources], rows, block)
     batches: list[list[dict]] = []
+    any_anchor_only = any(source.loss == "anchor" for source in sources)
     for source, source_rows, count in zip(sources, per_source_rows, counts, strict=True):
-        tagged = [{**row, "source": source.name} for row in sample_rows(source_rows, count, rng)]
+        tags = {"source": source.name} | ({"anchor_only": source.loss == "anchor"} if any_anchor_only else {})
+        tagged = [{**row, **tags} for row in sample_rows(source_rows, count, rng)]
         batches.extend(tagged[i : i + block] for i in range(0, len(tagged), block))
     rng.shuffle(batches)
     return [row for batch in batches for row in batch]

@@ -58,6 +58,14 @@ def hard_negatives(rows: dict, column: str, k: int) -> list:
     return [x for n in lists for x in n]
 
 
+def anchor_only_batch(rows: dict) -> bool:
+    """Whether a batch's rows come from an anchor-only source (``loss: anchor``): all of them, or none."""
+    flags = {bool(flag) for flag in rows.get("anchor_only", ())}
+    if len(flags) > 1:
+        raise ValueError("a batch mixes anchor-only rows with training rows (data.same_source_batches is needed)")
+    return flags == {True}
+
+
 def padded(encoder: Encoder, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
     ids, _ = encoder.tokenize(list(texts))
     input_ids, attention_mask = pad_batch([x[:max_length] for x in ids], encoder.tokenizer.pad_token_id)
@@ -133,6 +141,8 @@ class ContrastiveModel(torch.nn.Module):
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         stage, cfg = self.cfg.stage, self.cfg
         q = self.embed(batch["query"])
+        if batch.get("anchor_only"):
+            return self.anchored({"loss": torch.zeros((), device=q.device)}, batch, q, self.embed(batch["positive"]))
         keep = both(
             same_source_other_query(batch.get("source_hash"), batch.get("query_hash")),
             not_judged_relevant(batch.get("relevant_keys"), batch.get("doc_key")),
@@ -158,10 +168,14 @@ class ContrastiveModel(torch.nn.Module):
                 self.dims,
                 cfg.binary_weight,
             )
+        return self.anchored({"loss": loss}, batch, q, d)
+
+    def anchored(self, out: dict[str, torch.Tensor], batch: dict, q: torch.Tensor, d: torch.Tensor) -> dict:
+        """``out`` with the forgetting guard's term added to its loss (when there is an anchor)."""
         if self.anchor is None:
-            return {"loss": loss}
+            return out
         anchor = anchor_loss([q, d], [self.embed_anchored(batch["query"]), self.embed_anchored(batch["positive"])])
-        return {"loss": loss + cfg.anchor_weight * anchor, "anchor_loss": anchor.detach()}
+        return {"loss": out["loss"] + self.cfg.anchor_weight * anchor, "anchor_loss": anchor.detach()}
 
     def contextual(self, batch: dict, q: torch.Tensor) -> torch.Tensor:
         """Late chunking: one forward over each whole document, chunks mean-pooled over their token spans."""
@@ -377,6 +391,8 @@ class ContrastiveCollator:
     def __call__(self, rows: dict) -> dict:
         cfg = self.cfg
         batch = {"query": padded(self.encoder, rows["query"], cfg.data.query_max_length)}
+        if anchor_only_batch(rows):  # the anchor term needs no negatives and no masks
+            return batch | {"positive": padded(self.encoder, rows["positive"], cfg.data.max_length), "anchor_only": True}
         if cfg.stage in ("pair", "triplet"):
             batch["positive"] = padded(self.encoder, rows["positive"], cfg.data.max_length)
         if cfg.stage == "pair":
