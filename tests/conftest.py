@@ -193,6 +193,16 @@ def write_beir_subset(source: Path, target: Path, n_queries: int, n_extra_docs: 
     return target
 
 
+def index_config(input_url: str, output_url: str, model, **overrides):
+    """An ``IndexJobConfig`` for a test build: no progress bars, 100-document shards and 16-row encoder batches
+    unless ``overrides`` say otherwise."""
+    from embedlib.index import IndexJobConfig
+
+    values = dict(input=input_url, output=output_url, model=str(model), shard_size=100, batch_rows=16,
+                  show_progress=False)
+    return IndexJobConfig(**(values | overrides))
+
+
 def cranfield_rows(*bounds: int) -> list[dict]:
     """Rows of the bundled Cranfield sample corpus, sliced like ``range``: ``cranfield_rows(40)``,
     ``cranfield_rows(20, 40)``."""

@@ -8,13 +8,22 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import all_ids, centred_model, cranfield_rows, jsonl_bytes, shard_tables, write_jsonl
+from conftest import (
+    all_ids,
+    centred_model,
+    cranfield_rows,
+    index_config,
+    jsonl_bytes,
+    shard_tables,
+    write_jsonl,
+)
 
 from embedlib import storage
 from embedlib.data import SAMPLE_DATASET
@@ -41,16 +50,7 @@ from embedlib.index.plan import check_locations, plan
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:
-    values = dict(
-        input=input_url,
-        output=output_url,
-        model=str(model),
-        shard_size=100,
-        batch_rows=256,
-        show_progress=False,
-    )
-    return IndexJobConfig(**(values | overrides))
+config = partial(index_config, batch_rows=256)
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import all_ids, cranfield_rows, write_jsonl
+from conftest import all_ids, cranfield_rows, index_config, write_jsonl
 
 from embedlib.index import (
-    IndexJobConfig,
     InputError,
     ShardedIndex,
     ShrinkError,
@@ -21,18 +20,12 @@ from embedlib.index import (
 from embedlib.index import manifest as manifests
 
 
-def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:
-    values = dict(input=input_url, output=output_url, model=str(model), shard_size=100, batch_rows=16,
-                  show_progress=False)
-    return IndexJobConfig(**(values | overrides))
-
-
 @pytest.fixture(scope="module")
 def published(ray_cluster, tmp_path_factory, tiny_models) -> tuple[Path, Path]:
     """An index of 40 Cranfield documents (one version) and its input, built once for this module."""
     root = tmp_path_factory.mktemp("published")
     corpus = write_jsonl(root / "corpus.jsonl", cranfield_rows(40))
-    build_index(config(corpus, str(root / "index"), tiny_models["bert"]))
+    build_index(index_config(corpus, str(root / "index"), tiny_models["bert"]))
     return Path(corpus), root / "index"
 
 
@@ -51,7 +44,7 @@ def test_a_run_whose_every_row_is_rejected_publishes_nothing(index_copy, tiny_mo
     index = index_copy
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"_id": f"d{i}", "text": None} for i in range(3)])
     with pytest.raises(InputError, match=r"no valid documents \(3 rows rejected.*nothing published"):
-        build_index(config(bad, index, tiny_models["bert"]))
+        build_index(index_config(bad, index, tiny_models["bert"]))
     assert ShardedIndex.open(index).manifest["version"] == 1 and len(ShardedIndex.open(index)) == 40
 
 
@@ -59,9 +52,9 @@ def test_a_version_that_drops_most_documents_needs_allow_shrink(index_copy, tiny
     index = index_copy
     few = write_jsonl(tmp_path / "few.jsonl", cranfield_rows(40)[:5])
     with pytest.raises(ShrinkError, match="would hold 5 documents, the published version 1 holds 40.*--allow-shrink"):
-        build_index(config(few, index, tiny_models["bert"]))
+        build_index(index_config(few, index, tiny_models["bert"]))
     assert ShardedIndex.open(index).manifest["version"] == 1
-    summary = build_index(config(few, index, tiny_models["bert"], allow_shrink=True))
+    summary = build_index(index_config(few, index, tiny_models["bert"], allow_shrink=True))
     assert (summary.version, summary.carried_over) == (2, 5) and sorted(all_ids(index)) == sorted(
         r["_id"] for r in cranfield_rows(5))
     assert versions(index) == ["v000001", "v000002"]  # refused before any shard was written

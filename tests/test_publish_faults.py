@@ -10,24 +10,21 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, all_ids, cranfield_rows, write_jsonl
+from conftest import ROOT, all_ids, cranfield_rows, index_config, write_jsonl
 
 from embedlib import storage
 from embedlib.config import ConfigError
 from embedlib.errors import UserError
-from embedlib.index import IndexJobConfig, ManifestError, ShardedIndex, build_index
+from embedlib.index import ManifestError, ShardedIndex, build_index
 from embedlib.index import build as build_module
 from embedlib.index import manifest as manifests
 from embedlib.index.lease import LeaseHeldError, LeaseLostError, PublishLease, lease_url
 
-
-def config(input_url: str, output_url: str, model: Path, **overrides) -> IndexJobConfig:
-    values = dict(input=input_url, output=output_url, model=str(model), shard_size=20, batch_rows=16,
-                  show_progress=False)
-    return IndexJobConfig(**(values | overrides))
+config = partial(index_config, shard_size=20)
 
 
 @pytest.fixture(params=["local", "s3"])

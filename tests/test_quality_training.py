@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import perturbed_copy, write_beir_subset
 
 from embedlib.config import ConfigError, from_dict
 from embedlib.encoding.formats import asymmetric_binary_similarity, binary_queries, similarity
@@ -33,7 +34,6 @@ from embedlib.training.mixture import (
     with_negatives,
 )
 from embedlib.training.stages import ContrastiveCollator
-from tests.conftest import perturbed_copy, write_beir_subset
 
 
 def train_config(sources: list[dict], anchor_weight: float = 0.0, **data) -> TrainConfig:
