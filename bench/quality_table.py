@@ -24,7 +24,8 @@ keep90-dev2000 with the merge scaled by depth, layer i of L moving t·i/(L - 1) 
   ``-seed2`` the same with other training seeds; ``-merged-keep90`` by the 300-document rule shipped before;
   ``-soup3`` the equal-weight average of seeds 0, 1 and 2 (a model soup), and its merge;
   ``-noquora-wikitext`` with wikitext-2 spans added; ``-replay`` with wikitext-2 spans as an anchor-only source
-  (replay: their batches only hold the model to the base's embeddings), merged by keep90-dev2000;
+  (replay: their batches only hold the model to the base's embeddings), merged by keep90-dev2000, and its
+  ``-seed1``;
 - ``multi-anchor-3ep-doc256-lr1e4``: the four-source mixture (the previous recommendation), its ``-merged`` and
   ``-seed1``;
 - ``multi-anchor-3ep-doc256``: that at lr 5e-5 (the recommendation before), with its ``-merged``,
@@ -117,6 +118,7 @@ ROWS = (
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed1-merged-lines",
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-lines",
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-merged-keep90-dev2000",
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-seed1-merged-keep90-dev2000",
     "multi-anchor-3ep-doc256", "multi-anchor-3ep-doc256-merged", "multi-anchor-3ep",
     "multi-anchor-3ep-merged", "multi-anchor-3ep-nobinary", "single-anchor-3ep", "multi-3ep",
     "multi-anchor-3ep-seed1", "multi-anchor-3ep-seed2",
@@ -164,6 +166,7 @@ SWEPT = {"multi-anchor-3ep-doc256-lr1e4-merged": KEEP50, "multi-anchor-3ep-doc25
          "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed1-merged-lines": LINES,
          "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-lines": LINES,
          "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-merged-keep90-dev2000": KEEP90_DEV2000,
+         "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-seed1-merged-keep90-dev2000": KEEP90_DEV2000,
          "multi-anchor-3ep-doc256-merged": KEEP50, "multi-anchor-3ep-merged": KEEP50,
          "multi-merged": KEEP50, "single-merged": KEEP50}
 WEIGHT_FROM = "multi-merged"
@@ -197,6 +200,7 @@ DOC96, LR5E5 = {"data.max_length": 96}, {"optimizer.lr": 5.0e-5}
 ANCHORED_3EP = {"anchor_weight": 10.0, "epochs": 3} | DOC96 | LR5E5
 DOC256, LR1E4 = {"data.max_length": 256}, {"optimizer.lr": 1.0e-4}
 ONE_EPOCH, NO_ANCHOR = {"epochs": 1} | DOC96 | LR5E5, {"anchor_weight": 0.0}
+REPLAYED = {"sources": ["scifact", "nfcorpus"], "added_sources": [REPLAY_SOURCE], "data.rows": 1920} | ANCHORED_3EP | DOC256 | LR1E4
 RECIPES = {
     "multi-anchor-3ep-doc256-lr1e4": ANCHORED_3EP | DOC256 | LR1E4,
     "multi-anchor-3ep-doc256-lr1e4-seed1": {"seed": 1} | ANCHORED_3EP | DOC256 | LR1E4,
@@ -210,9 +214,8 @@ RECIPES = {
     | ANCHORED_3EP | DOC256 | LR1E4,
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2": {"seed": 2, "sources": ["scifact", "nfcorpus"]}
     | ANCHORED_3EP | DOC256 | LR1E4,
-    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay": {
-        "sources": ["scifact", "nfcorpus"], "added_sources": [REPLAY_SOURCE], "data.rows": 1920,
-    } | ANCHORED_3EP | DOC256 | LR1E4,
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay": REPLAYED,
+    "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-seed1": {"seed": 1} | REPLAYED,
     "multi-anchor-3ep-doc256": ANCHORED_3EP | DOC256,  # training documents as long as evaluated
     "multi-anchor-3ep-doc256-seed1": {"seed": 1} | ANCHORED_3EP | DOC256,
     "multi-anchor-3ep-doc256-seed2": {"seed": 2} | ANCHORED_3EP | DOC256,
@@ -289,6 +292,9 @@ ABLATIONS = [
      "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90-dev2000", "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-lines"),
     ("without vs with general-text replay (anchor-only wikitext-2 spans; SciFact + NFCorpus, merged by keep90-dev2000)",
      RECOMMENDED, "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-merged-keep90-dev2000"),
+    ("without vs with general-text replay (seed 1, merged by keep90-dev2000)",
+     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed1-merged-keep90-dev2000",
+     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-seed1-merged-keep90-dev2000"),
     ("keep 90% of the dev gain on 300- vs 2,000-document dev sets (SciFact + NFCorpus, seed 2)",
      "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90",
      "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2-merged-keep90-dev2000"),
