@@ -194,13 +194,15 @@ QUORA_HELDOUT = SourceConfig(**FOUR_SOURCES[2])
 REPLAY_SOURCE = {"name": "replay", "kind": "spans", "url": "../shared/data/text/wikitext2.valid.tokens",
                  "weight": 0.175, "max_pairs": 2000, "loss": "anchor"}
 # Trained rows: overrides of the shipped config ("sources": the names of FOUR_SOURCES kept; "source_fields":
-# fields set on one source; "added_sources": sources beyond FOUR_SOURCES). Each names its document length, learning rate, anchor weight and epochs so that it
-# means the same whatever ships; only the doc256 rows train on 256-token documents, only lr1e4 ones at lr 1e-4.
+# fields set on one source; "added_sources": sources beyond FOUR_SOURCES). Each names its document length, learning
+# rate, anchor weight and epochs so that it means the same whatever ships; only the doc256 rows train on 256-token
+# documents, only lr1e4 ones at lr 1e-4.
 DOC96, LR5E5 = {"data.max_length": 96}, {"optimizer.lr": 5.0e-5}
 ANCHORED_3EP = {"anchor_weight": 10.0, "epochs": 3} | DOC96 | LR5E5
 DOC256, LR1E4 = {"data.max_length": 256}, {"optimizer.lr": 1.0e-4}
 ONE_EPOCH, NO_ANCHOR = {"epochs": 1} | DOC96 | LR5E5, {"anchor_weight": 0.0}
-REPLAYED = {"sources": ["scifact", "nfcorpus"], "added_sources": [REPLAY_SOURCE], "data.rows": 1920} | ANCHORED_3EP | DOC256 | LR1E4
+REPLAYED = ({"sources": ["scifact", "nfcorpus"], "added_sources": [REPLAY_SOURCE], "data.rows": 1920}
+            | ANCHORED_3EP | DOC256 | LR1E4)
 RECIPES = {
     "multi-anchor-3ep-doc256-lr1e4": ANCHORED_3EP | DOC256 | LR1E4,
     "multi-anchor-3ep-doc256-lr1e4-seed1": {"seed": 1} | ANCHORED_3EP | DOC256 | LR1E4,
