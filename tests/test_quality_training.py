@@ -389,6 +389,23 @@ def test_merge_job_sweeps_with_guard_sets_and_merges_at_the_chosen_weight(tiny_m
     assert "unseen" in capsys.readouterr().out
 
 
+WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+
+
+def train_steps(parts, batch: dict, steps: int, lr: float) -> list[dict]:
+    """``steps`` AdamW steps of ``parts.module`` on one batch; each step's outputs."""
+    trainable = [p for p in parts.module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=lr)
+    outs = []
+    for _ in range(steps):
+        out = parts.module(batch)
+        out["loss"].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        outs.append(out)
+    return outs
+
+
 def drift_after_training(model: str, anchor_weight: float, steps: int = 6) -> float:
     """Mean ``1 - cos`` between the starting and the trained model's embeddings of the training texts."""
     from embedlib.training.stages import build_stage
@@ -399,20 +416,13 @@ def drift_after_training(model: str, anchor_weight: float, steps: int = 6) -> fl
     })
     torch.manual_seed(0)
     parts = build_stage(cfg, seed=0)
-    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
-    rows = {"query": [f"{w} query" for w in words], "positive": [f"the {w} document" for w in words],
-            "doc_id": words}
+    rows = {"query": [f"{w} query" for w in WORDS], "positive": [f"the {w} document" for w in WORDS],
+            "doc_id": WORDS}
     batch = parts.collate(rows)
     parts.module.eval()
     start = parts.module.embed(batch["positive"]).detach()
     parts.module.train()
-    trainable = [p for p in parts.module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.optimizer.lr)
-    for _ in range(steps):
-        out = parts.module(batch)
-        out["loss"].backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    out = train_steps(parts, batch, steps, cfg.optimizer.lr)[-1]
     if anchor_weight:
         assert parts.module.anchor.training is False  # train() leaves the reference without dropout
         assert not any(p.requires_grad for p in parts.module.anchor.parameters())
@@ -437,8 +447,7 @@ def test_anchor_only_batches_pull_a_drifted_model_back_to_the_starting_model(tin
     })
     torch.manual_seed(0)
     parts = build_stage(cfg, seed=0)
-    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
-    rows = {"query": [f"{w} query" for w in words], "positive": [f"the {w} document" for w in words],
+    rows = {"query": [f"{w} query" for w in WORDS], "positive": [f"the {w} document" for w in WORDS],
             "anchor_only": [True] * 8}
     batch = parts.collate(rows)
     assert batch["anchor_only"] is True and "negatives" not in batch  # no triplet negatives read or encoded
@@ -447,16 +456,10 @@ def test_anchor_only_batches_pull_a_drifted_model_back_to_the_starting_model(tin
     with torch.no_grad():
         for param in parts.module.backbone.parameters():
             param.add_(0.05 * torch.randn_like(param))
-    trainable = [p for p in parts.module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.optimizer.lr)
-    drift = []
-    for _ in range(8):
-        out = parts.module(batch)
+    outs = train_steps(parts, batch, 8, cfg.optimizer.lr)
+    for out in outs:
         assert torch.allclose(out["loss"], cfg.anchor_weight * out["anchor_loss"])  # the anchor term alone
-        drift.append(float(out["anchor_loss"]))
-        out["loss"].backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    drift = [float(out["anchor_loss"]) for out in outs]
     assert drift[0] > 0.01 and drift[-1] < 0.5 * drift[0], drift
 
 
