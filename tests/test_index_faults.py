@@ -13,9 +13,8 @@ import threading
 import time
 
 import pytest
-from conftest import WAIT_S, all_ids, cranfield_rows, jsonl_bytes, wait_for
+from conftest import WAIT_S, all_ids, cranfield_rows, index_config, jsonl_bytes, wait_for
 from local_cluster import actor_restarts, add_worker_node, live_actors, node_named
-from test_index import config
 
 from embedlib import storage
 from embedlib.errors import UserError, one_line
@@ -62,8 +61,8 @@ def test_build_survives_killed_actor_lost_node_and_s3_outage(multinode_cluster, 
     storage.write_bytes_atomic(f"{s3_bucket}/corpus/part-0.jsonl", jsonl_bytes(rows))
     output = f"{s3_bucket}/index"
     batches = len(rows) // 8
-    cfg = config(f"{s3_bucket}/corpus", output, model, batch_rows=8, actors=2, cpus_per_actor=0.25,
-                 actor_resources={"node-1": 0.4}, max_actor_restarts=3, max_task_retries=3)
+    cfg = index_config(f"{s3_bucket}/corpus", output, model, batch_rows=8, actors=2, cpus_per_actor=0.25,
+                       actor_resources={"node-1": 0.4}, max_actor_restarts=3, max_task_retries=3)
     restarts_before = actor_restarts(ENCODER)
     thread, result, done = build_in_thread(cfg)
 
@@ -98,8 +97,8 @@ def test_stalled_pipeline_fails_with_one_line_after_stall_timeout(multinode_clus
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(jsonl_bytes(rows))
     output = str(tmp_path / "index")
-    cfg = config(str(corpus), output, model, batch_rows=8, actors=1, cpus_per_actor=0.25,
-                 actor_resources={"node-0": 0.4}, stall_timeout_s=20)  # > actor start-up
+    cfg = index_config(str(corpus), output, model, batch_rows=8, actors=1, cpus_per_actor=0.25,
+                       actor_resources={"node-0": 0.4}, stall_timeout_s=20)  # > actor start-up
     lost = {}
 
     def lose_node_once_encoding():
