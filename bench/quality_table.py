@@ -181,7 +181,8 @@ SOUPS = {"multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-soup3": [
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus", "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed1",
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-seed2"],
     "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-soup3": [
-        "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay", "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-seed1",
+        "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay",
+        "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-seed1",
         "multi-anchor-3ep-doc256-lr1e4-scifact-nfcorpus-replay-seed2"]}
 # The four-source mixture every trained row starts from, whatever the shipped config mixes (``multi``: these
 # four; a row's "sources" keeps some of them by name). Quora's held-out half is the table's Quora evaluation set.
