@@ -98,9 +98,11 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False)
     ray_init_s = time.perf_counter() - started
     encoder = encoder_seconds(build_module)
+    steps = timed_steps(build_module)
     builds = []
     for i in range(args.builds):
-        steps = timed_steps(build_module)
+        steps.clear()
+        encoded_before = len(encoder)
         config = IndexJobConfig(input=str(corpus), output=str(work / f"index-{i}"), model=str(default_model_path()),
                                 shard_size=args.shard_size, batch_rows=args.batch_rows, actors=1,
                                 cpus_per_actor=0.5, show_progress=False)
@@ -108,11 +110,9 @@ def main() -> None:
         row = {"build": i, "seconds": round(summary.seconds, 2), "docs": summary.docs_in, "shards": summary.shards}
         row |= {f"{name}_s": round(steps.get(name, 0.0), 2) for name in STEPS}
         row["other_s"] = round(summary.seconds - sum(steps.values()), 2)
-        row["encoder_work_s"] = round(encoder[i], 2) if i < len(encoder) else None
+        row["encoder_work_s"] = round(encoder[encoded_before], 2) if len(encoder) > encoded_before else None
         builds.append(row)
         print(json.dumps(row), flush=True)
-        for name in STEPS:  # unwrap: the next build wraps afresh
-            setattr(build_module, name, getattr(build_module, name).__wrapped__)
     ray.shutdown()
     shutil.rmtree(work, ignore_errors=True)
     steady = builds[1:] or builds
