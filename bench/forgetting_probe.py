@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import time
 import zipfile
@@ -103,6 +104,7 @@ def forest_png(changes: dict[str, dict]) -> bytes:
     import matplotlib.pyplot as plt
 
     sets = list(next(iter(changes.values())))
+    prefix = os.path.commonprefix(list(changes)) if len(changes) > 1 else ""
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(sets) * len(changes)))
     labels, y = [], 0
     for s in sets:
@@ -110,12 +112,14 @@ def forest_png(changes: dict[str, dict]) -> bytes:
             low, high = change[s]["ci95"]
             ax.errorbar(change[s]["change"], y, xerr=[[change[s]["change"] - low], [high - change[s]["change"]]],
                         fmt="o", capsize=3, color="black" if s == "all" else "tab:blue")
-            labels.append(f"{s}: {row}")
+            labels.append(f"{s}: " + (f"…{row[len(prefix):]}" if row[len(prefix):] else row))
             y += 1
     ax.axvline(0, color="gray", linewidth=0.8)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel(f"INT8 {METRIC} change vs base (95% paired-bootstrap interval)")
+    ax.set_xlabel(f"INT8 {METRIC} change vs base, 95% paired-bootstrap interval")
+    if prefix:
+        ax.set_title(f"…: {prefix}", fontsize=8)
     buffer = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buffer, format="png", dpi=120)
