@@ -30,14 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from eval_common import EVAL_CACHE  # noqa: E402
-from quality_table import QUANTIZATIONS, RECOMMENDED, WORK, binary_code  # noqa: E402
+from quality_table import QUANTIZATIONS, RECOMMENDED, WORK, binary_code, evaluate_model  # noqa: E402
 from result_file import Result  # noqa: E402
 
 from embedlib.data import default_model_path  # noqa: E402
 from embedlib.eval.beir import BeirDataset  # noqa: E402
 from embedlib.eval.metrics import paired_bootstrap  # noqa: E402
-from embedlib.eval.run import evaluate_systems  # noqa: E402
-from embedlib.eval.systems import DenseSystem, ModelEmbeddings  # noqa: E402
 from embedlib.training.config import SourceConfig  # noqa: E402
 from embedlib.training.mixture import span_source  # noqa: E402
 
@@ -45,7 +43,7 @@ TEXT = ROOT.parent / "shared" / "data" / "text"
 # collection -> members of its NLTK zip (READMEs left out); none of them is read by any training or guard source
 COLLECTIONS = {"abc": ("science.txt", "rural.txt"), "state_union": None, "inaugural": None,
                "webtext": ("overheard", "pirates", "singles", "wine")}
-METRIC = "ndcg@10"
+METRIC = "ndcg@10"  # what quality_table.evaluate_model scores a query-to-document set by
 
 
 def extract_collection(name: str, members: tuple[str, ...] | None, folder: Path) -> Path:
@@ -67,19 +65,6 @@ def probe_sets(folder: Path) -> dict[str, BeirDataset]:
             for name, members in COLLECTIONS.items()}
 
 
-def evaluate_model(name: str, path: str, sets: dict[str, BeirDataset], args) -> dict:
-    """``{set: {"float", "int8", "binary", "int8_per_query"}}`` for one model."""
-    model = ModelEmbeddings.load(name, path, cache=args.cache, max_length=args.eval_max_length)
-    scores = {}
-    for set_name, dataset in sets.items():
-        results = evaluate_systems(dataset, [DenseSystem(model, q) for q in QUANTIZATIONS], max_k=10)
-        by_quantization = dict(zip(QUANTIZATIONS, results, strict=True))
-        scores[set_name] = {**{q: r.metrics[METRIC] for q, r in by_quantization.items()},
-                            "int8_per_query": {qid: v[METRIC] for qid, v in by_quantization["int8"].per_query.items()}}
-        print(f"{name} {set_name}: " + " ".join(f"{q} {scores[set_name][q]:.4f}" for q in QUANTIZATIONS), flush=True)
-    return scores
-
-
 def pooled(scores: dict) -> dict[str, float]:
     """Every set's per-query INT8 scores in one dict (ids prefixed by set)."""
     return {f"{s}/{qid}": v for s, entry in scores.items() for qid, v in entry["int8_per_query"].items()}
@@ -87,9 +72,10 @@ def pooled(scores: dict) -> dict[str, float]:
 
 def change_vs_base(base: dict, row: dict) -> dict:
     """INT8 change vs base and its paired-bootstrap 95% interval, per set and pooled over all queries."""
+    pairs = {s: (base[s]["int8_per_query"], row[s]["int8_per_query"]) for s in base}
+    pairs["all"] = (pooled(base), pooled(row))
     out = {}
-    for name, (first, second) in {**{s: (base[s]["int8_per_query"], row[s]["int8_per_query"]) for s in base},
-                                  "all": (pooled(base), pooled(row))}.items():
+    for name, (first, second) in pairs.items():
         change, low, high = paired_bootstrap(first, second)
         out[name] = {"change": round(change, 4), "ci95": [round(low, 4), round(high, 4)],
                      "significant": "below" if high < 0 else "above" if low > 0 else "no"}
@@ -133,6 +119,7 @@ def main() -> None:
     parser.add_argument("--work", default=WORK, help="bench/quality_table.py's --work, where its models are")
     parser.add_argument("--eval-max-length", type=int, default=256)
     parser.add_argument("--cache", default=EVAL_CACHE)
+    parser.add_argument("--torch-threads", type=int, default=2)
     args = parser.parse_args()
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     paths = {"base": str(default_model_path())} | {r: str(Path(args.work) / r) for r in rows}
@@ -145,7 +132,7 @@ def main() -> None:
     scores, wall = {}, {}
     for row, path in paths.items():
         started = time.time()
-        scores[row] = evaluate_model(row, path, sets, args)
+        scores[row] = evaluate_model(row, path, {name: (dataset, False) for name, dataset in sets.items()}, args)
         wall[row] = round(time.time() - started, 1)
     changes = {row: change_vs_base(scores["base"], scores[row]) for row in rows}
     for row, change in changes.items():
