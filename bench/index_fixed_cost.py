@@ -66,10 +66,9 @@ def encoder_seconds(build_module) -> list[float]:
 
 
 def write_corpus(path: Path, documents: int) -> None:
-    from embedlib.data import SAMPLE_DATASET
+    from embedlib.data import sample_corpus_rows
 
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        rows = [json.loads(line) for line in f][:documents]
+    rows = sample_corpus_rows(documents)
     if len(rows) < documents:
         raise SystemExit(f"--documents {documents}: the bundled sample has {len(rows)}")
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))

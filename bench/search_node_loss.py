@@ -37,13 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(folder: Path, docs: int, shards: int) -> str:
-    from embedlib.data import SAMPLE_DATASET
+    from embedlib.data import sample_corpus_rows
     from embedlib.index import IndexJobConfig, build_index
     from embedlib.models.tiny import make_tiny_checkpoint
 
     model = make_tiny_checkpoint(folder / "tiny", "pplx-embed")
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        rows = [json.loads(line) for line in f][:docs]
+    rows = sample_corpus_rows(docs)
     (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     output = str(folder / "index")
     build_index(IndexJobConfig(input=str(folder / "corpus.jsonl"), output=output, model=str(model),

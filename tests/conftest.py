@@ -206,10 +206,9 @@ def index_config(input_url: str, output_url: str, model, **overrides):
 def cranfield_rows(*bounds: int) -> list[dict]:
     """Rows of the bundled Cranfield sample corpus, sliced like ``range``: ``cranfield_rows(40)``,
     ``cranfield_rows(20, 40)``."""
-    from embedlib.data import SAMPLE_DATASET
+    from embedlib.data import sample_corpus_rows
 
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        return [json.loads(line) for line in f][slice(*bounds)]
+    return sample_corpus_rows(*bounds)
 
 
 def jsonl_bytes(rows: list[dict]) -> bytes:

@@ -27,8 +27,15 @@ def resolve_model(name_or_url: str) -> str:
     return str(default_model_path()) if name_or_url == DEFAULT_MODEL_NAME else name_or_url
 
 
+def sample_corpus_rows(*bounds: int) -> list[dict]:
+    """Rows (``_id``, ``title``, ``text``) of the bundled corpus, sliced like ``range``: ``sample_corpus_rows(40)``,
+    ``sample_corpus_rows(20, 40)``; all of them without bounds."""
+    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return rows[slice(*bounds)] if bounds else rows
+
+
 @cache
 def sample_corpus_texts() -> list[str]:
     """The bundled corpus' document texts."""
-    with open(SAMPLE_DATASET / "corpus.jsonl") as f:
-        return [json.loads(line)["text"] for line in f if line.strip()]
+    return [row["text"] for row in sample_corpus_rows()]
