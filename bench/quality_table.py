@@ -428,8 +428,12 @@ def merge_row(work: Path, second: str, output: str, centre_rows: str | None, rul
     path.write_text(json.dumps(values))
     if merge_job.main(["--config", str(path)]):
         raise SystemExit(f"merge failed: {path}")
-    report = Path(output) / "merge_sweep.json"
-    return json.loads(report.read_text()) if sweep else {"chosen_t": t}
+    if not sweep:
+        return {"chosen_t": t}
+    report = json.loads((Path(output) / "merge_sweep.json").read_text())
+    for point in report["curve"]:
+        point.pop("guard_per_query", None)  # thousands of scores a point; the model's merge_sweep.json keeps them
+    return report
 
 
 def merged_source(row: str) -> str:

@@ -8,7 +8,8 @@ i of L moves t·i/(L - 1), the embeddings stay at ``first``). A sweep (``sweep: 
 scores each weight on the held-out queries of the ``dev`` sources (the training config's sources with the
 same ``holdout``: never trained on, never the test sets), saves the best at ``output`` and writes the curve
 beside it (``merge_sweep.json``, ``merge_sweep.png``). ``guard`` sources (domains never trained on) cap the weight
-where their scores first fall below the base's (``guard_tolerance``). With ``binary_centre_docs`` and ``binary_centre_data``
+where their scores first fall below the base's (``guard_tolerance``; ``guard_rule: bootstrap``: only a fall
+outside the guard queries' 95% interval counts). With ``binary_centre_docs`` and ``binary_centre_data``
 (the training rows), the merged model gets its own binary centre (codes ``sign(x - c)``). A mistake the user
 can fix (config field, checkpoint path) exits with status 2 and one line on stderr.
 """
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
     """Score every weight of ``cfg.sweep`` on the dev sets: the report (curve, chosen weight) and its PNG."""
-    from embedlib.training.merge import best_weight, guard_limit, sweep
+    from embedlib.training.merge import best_weight, guard_change, guard_limit, sweep
     from embedlib.training.mixture import heldout_dataset, unseen_dataset
     from embedlib.training.plots import merge_curve_png
 
@@ -51,7 +52,14 @@ def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
     guard_sets = {s.name: (unseen_dataset(s, cfg.dev_max_docs), s.kind == "q2q") for s in cfg.guard or []}
     curve = sweep(cfg.first, cfg.second, cfg.sweep, dev_sets, cfg.method, cfg.max_length, cfg.quantization, cfg.cache,
                   guard_sets, cfg.layer_scaling)
-    chosen = best_weight(curve, cfg.keep_gain, cfg.guard_tolerance)
+    chosen = best_weight(curve, cfg.keep_gain, cfg.guard_tolerance, cfg.guard_rule)
+    if guard_sets:
+        start = next(point for point in curve if point["t"] == 0.0)
+        for point in curve:
+            point["guard_change"] = {
+                name: dict(zip(("change", "low", "high"), guard_change(start, point, name), strict=True))
+                for name in guard_sets
+            }
     every_set = dev_sets | guard_sets
     report = {
         "first": cfg.first,
@@ -65,7 +73,8 @@ def run_sweep(cfg: MergeConfig) -> tuple[dict, bytes]:
         "curve": curve,
         "keep_gain": cfg.keep_gain,
         "guard_tolerance": cfg.guard_tolerance if guard_sets else None,
-        "guard_limit": guard_limit(curve, cfg.guard_tolerance) if guard_sets else None,
+        "guard_rule": cfg.guard_rule if guard_sets else None,
+        "guard_limit": guard_limit(curve, cfg.guard_tolerance, cfg.guard_rule) if guard_sets else None,
         "chosen_t": chosen,
         "output": cfg.output,
     }
@@ -84,7 +93,9 @@ def merge(argv: list[str] | None) -> int:
         report, png = run_sweep(cfg)
         for point in report["curve"]:
             scores = " ".join(f"{name} {value:.4f}" for name, value in (point["scores"] | point.get("guard", {})).items())
-            print(f"t={point['t']:g}: {scores} mean {point['mean']:.4f}")
+            changes = "".join(f" | {name} {c['change']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}]"
+                              for name, c in point.get("guard_change", {}).items())
+            print(f"t={point['t']:g}: {scores} mean {point['mean']:.4f}{changes}")
         cfg.t = report["chosen_t"]
     merged = merge_checkpoints(cfg.first, cfg.second, cfg.output, cfg.t, cfg.method, cfg.layer_scaling)
     if cfg.binary_centre_docs:

@@ -24,7 +24,7 @@ from embedlib.objectives.contrastive import (
     same_source_other_query,
 )
 from embedlib.training.config import MergeConfig, SourceConfig, TrainConfig
-from embedlib.training.merge import best_weight, lerp, sweep
+from embedlib.training.merge import best_weight, guard_change, guard_limit, lerp, sweep
 from embedlib.training.mixture import (
     build_mixture,
     heldout_dataset,
@@ -94,6 +94,7 @@ def test_merge_config_errors_name_the_field():
     guard = [{"name": "g", "kind": "spans", "url": "x"}]
     for fields, field in (({}, "guard"), ({"sweep": [0.5, 1.0], "dev": dev}, "guard"),
                           ({"sweep": [0.0, 1.0], "dev": dev, "guard_tolerance": -0.1}, "guard_tolerance"),
+                          ({"sweep": [0.0, 1.0], "dev": dev, "guard_rule": "ttest"}, "guard_rule"),
                           ({"sweep": [0.0, 1.0], "dev": dev, "guard": [*guard, *guard]}, r"guard\[1\]\.name"),
                           ({"sweep": [0.0, 1.0], "dev": dev, "guard": [{**guard[0], "name": "d"}]}, r"guard\[0\]\.name")):
         with pytest.raises(ConfigError, match="^" + field + ":"):
@@ -342,6 +343,28 @@ def test_lerp_endpoints_and_best_weight():
     assert best_weight(guarded, guard_tolerance=0.02) == 0.75
 
 
+def test_bootstrap_guard_stops_at_a_fall_beyond_the_guard_queries_noise_not_at_a_dip():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0, 1, 400)
+    noise = rng.normal(0, 0.2, 400)
+    noise -= noise.mean()  # each query moves, the mean does not: -0.004 at t = 0.25 is a dip inside the interval
+    per_t = {0.0: base, 0.25: base + noise - 0.004, 0.5: base + noise, 0.75: base - 0.05, 1.0: base - 0.1}
+    curve = [{"t": t, "mean": 0.5 + t / 10, "guard": {"g": float(v.mean())},
+              "guard_per_query": {"g": {f"q{i}": float(x) for i, x in enumerate(v)}}} for t, v in per_t.items()]
+    assert guard_limit(curve) == 0.0  # by score, the first dip stops it
+    assert guard_limit(curve, rule="bootstrap") == 0.5  # 0.75's fall of 0.05 is outside the interval
+    assert guard_limit(curve, tolerance=0.06, rule="bootstrap") == 0.75  # its interval is not all below -0.06
+    assert best_weight(curve, guard_rule="bootstrap") == 0.5
+    change, low, high = guard_change(curve[0], curve[3], "g")
+    assert change == pytest.approx(-0.05) and low == pytest.approx(-0.05) and high == pytest.approx(-0.05)
+    change, low, high = guard_change(curve[0], curve[1], "g")
+    assert low < change < high and low < 0 < high
+    without_queries = [{key: value for key, value in point.items() if key != "guard_per_query"} for point in curve]
+    assert guard_limit(without_queries) == 0.0  # the score rule needs no per-query scores
+    with pytest.raises(ValueError, match="guard_per_query"):
+        guard_limit(without_queries, rule="bootstrap")
+
+
 def test_sweep_scores_each_weight_on_the_heldout_queries(tiny_models, shared_data, tmp_path):
     from embedlib.encoding.encoder import Encoder
     from embedlib.training.merge import dev_score
@@ -365,27 +388,35 @@ def test_merge_job_sweeps_with_guard_sets_and_merges_at_the_chosen_weight(tiny_m
                                                                           merge_job, capsys):
     import json
 
-    from embedlib.training.merge import guard_limit
     from embedlib.training.recipe import read_recipe
 
     first = tiny_models["pplx-embed"]
     perturbed_copy(first, tmp_path / "second", seed=5)
     beir = write_beir_subset(shared_data / "cranfield", tmp_path / "cranfield", 20, 40)
     source = f"kind: beir, url: {beir}, split: test, holdout: 0.5"
-    for name, tolerance in (("strict", 0.0), ("loose", 10.0)):
+    for name, tolerance, rule in (("strict", 0.0, "score"), ("loose", 10.0, "score"), ("noise", 0.0, "bootstrap")):
         config = tmp_path / f"{name}.yaml"
         config.write_text(f"first: {first}\nsecond: {tmp_path / 'second'}\noutput: {tmp_path / name}\n"
                           f"method: linear\nmax_length: 32\nsweep: [0.0, 0.5, 1.0]\ndev: [{{name: cran, {source}}}]\n"
-                          f"guard: [{{name: unseen, {source}}}]\nguard_tolerance: {tolerance}\n")
+                          f"guard: [{{name: unseen, {source}}}]\nguard_tolerance: {tolerance}\nguard_rule: {rule}\n")
         assert merge_job.main(["--config", str(config)]) == 0
         report = json.loads((tmp_path / name / "merge_sweep.json").read_text())
         assert all(set(point["guard"]) == {"unseen"} for point in report["curve"])
         assert report["dev_queries"]["cran"] + report["dev_queries"]["unseen"] == 20  # the split and the rest
-        assert report["guard_limit"] == guard_limit(report["curve"], tolerance)
+        for point in report["curve"]:  # every guard query's score, and the interval of their mean change
+            scores = point["guard_per_query"]["unseen"]
+            assert len(scores) == report["dev_queries"]["unseen"]
+            assert point["guard"]["unseen"] == pytest.approx(sum(scores.values()) / len(scores))
+            change = point["guard_change"]["unseen"]
+            assert change["low"] <= change["change"] <= change["high"]
+            assert change["change"] == pytest.approx(point["guard"]["unseen"] - report["curve"][0]["guard"]["unseen"])
+        assert report["guard_rule"] == rule
+        assert report["guard_limit"] == guard_limit(report["curve"], tolerance, rule)
         assert report["chosen_t"] <= report["guard_limit"]
         assert read_recipe(tmp_path / name)["config"]["t"] == report["chosen_t"]
         assert (tmp_path / name / "merge_sweep.png").stat().st_size > 0
-    assert report["guard_limit"] == 1.0  # a tolerance no score can fall through never caps the weight
+        if name == "loose":
+            assert report["guard_limit"] == 1.0  # a tolerance no score can fall through never caps the weight
     assert "unseen" in capsys.readouterr().out
 
 

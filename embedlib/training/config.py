@@ -274,9 +274,12 @@ class MergeConfig:
     dev: list[SourceConfig] | None = None  # the training config's sources, same holdout and seed
     # Guard sets: sources of domains ``second`` never trained on (beir / q2q: the queries outside the held-out split,
     # which stays unseen; spans: span pairs), scored at every weight. The weight chosen is at most the largest one up
-    # to which no guard set's score falls more than ``guard_tolerance`` below its t = 0 score.
+    # to which no guard set falls from its t = 0 score: by ``guard_rule`` "score", its score is no more than
+    # ``guard_tolerance`` below; by "bootstrap", the paired-bootstrap 95% interval of its per-query change does not
+    # lie wholly more than ``guard_tolerance`` below zero (so a dip within the guard queries' noise does not stop it).
     guard: list[SourceConfig] | None = None
     guard_tolerance: float = 0.0
+    guard_rule: Literal["score", "bootstrap"] = "score"
     dev_max_docs: int | None = 2000  # dev corpus cap: judged documents of the held-out queries, then others
     max_length: int = 128  # token cap when encoding the dev sets
     quantization: Literal["float", "int8", "binary"] = "int8"  # the served path the dev scores use

@@ -12,12 +12,14 @@ import torch
 
 from embedlib.encoding.encoder import Encoder
 from embedlib.eval.beir import BeirDataset
+from embedlib.eval.metrics import paired_bootstrap
 from embedlib.training.config import MergeConfig
 from embedlib.training.recipe import write_recipe
 
 PARALLEL_DOT = 0.9995  # |cos| above this: the arc is degenerate, interpolate linearly
 Method = Literal["slerp", "linear"]
 LayerScaling = Literal["none", "linear"]
+GuardRule = Literal["score", "bootstrap"]
 LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")  # BERT's encoder.layer.<i>., Qwen's layers.<i>.
 
 
@@ -126,12 +128,20 @@ def dev_score(
     encoder: Encoder, name: str, dataset: BeirDataset, q2q: bool, quantization: str, cache: str | None
 ) -> float:
     """nDCG@10 (Q2D) or recall@10 (Q2Q) of ``encoder`` on a dev set through the served ``quantization`` path."""
+    return dev_result(encoder, name, dataset, q2q, quantization, cache)[0]
+
+
+def dev_result(
+    encoder: Encoder, name: str, dataset: BeirDataset, q2q: bool, quantization: str, cache: str | None
+) -> tuple[float, dict[str, float]]:
+    """``dev_score`` and each query's value of it (query id -> score)."""
     from embedlib.eval.run import evaluate_systems
     from embedlib.eval.systems import DenseSystem, ModelEmbeddings
 
     system = DenseSystem(ModelEmbeddings(name, encoder, cache=cache, show_progress=False), quantization)
     result = evaluate_systems(dataset, [system], q2q=q2q, max_k=10)[0]
-    return result.metrics["recall@10" if q2q else "ndcg@10"]
+    metric = "recall@10" if q2q else "ndcg@10"
+    return result.metrics[metric], {qid: row[metric] for qid, row in result.per_query.items()}
 
 
 def sweep(
@@ -147,7 +157,8 @@ def sweep(
     layer_scaling: LayerScaling = "none",
 ) -> list[dict]:
     """One point per weight: ``{"t", "scores": {dev set: score}, "mean"}``, plus ``"guard": {guard set: score}``
-    with ``guard_sets``; both map a name to ``(dataset, is_q2q)``."""
+    and ``"guard_per_query": {guard set: {query id: score}}`` with ``guard_sets``; both map a name to
+    ``(dataset, is_q2q)``."""
     other = Encoder.from_pretrained(second, device="cpu", dtype="fp32")
     curve = []
     for t in weights:
@@ -155,7 +166,7 @@ def sweep(
         point = {"t": t, "scores": dev_scores(encoder, t, dev_sets, quantization, cache)}
         point["mean"] = sum(point["scores"].values()) / len(point["scores"])
         if guard_sets:
-            point["guard"] = dev_scores(encoder, t, guard_sets, quantization, cache)
+            point |= guard_scores(encoder, t, guard_sets, quantization, cache)
         curve.append(point)
     return curve
 
@@ -169,7 +180,19 @@ def dev_scores(
     }
 
 
-def best_weight(curve: Sequence[dict], keep_gain: float | None = None, guard_tolerance: float = 0.0) -> float:
+def guard_scores(
+    encoder: Encoder, t: float, guard_sets: dict[str, tuple[BeirDataset, bool]], quantization: str, cache: str | None
+) -> dict[str, dict]:
+    """A sweep point's guard entries for ``encoder`` (merged at ``t``): ``{"guard": {set: score},
+    "guard_per_query": {set: {query id: score}}}``."""
+    results = {name: dev_result(encoder, f"merge@{t:g}/{name}", dataset, q2q, quantization, cache)
+               for name, (dataset, q2q) in guard_sets.items()}
+    return {"guard": {name: score for name, (score, _) in results.items()},
+            "guard_per_query": {name: per_query for name, (_, per_query) in results.items()}}
+
+
+def best_weight(curve: Sequence[dict], keep_gain: float | None = None, guard_tolerance: float = 0.0,
+                guard_rule: GuardRule = "score") -> float:
     """The weight of the best mean dev score (the smaller weight on a tie: closer to ``first``).
 
     ``keep_gain``: instead, the smallest weight whose mean dev gain over ``first`` (the t = 0 point) is at least
@@ -188,17 +211,35 @@ def best_weight(curve: Sequence[dict], keep_gain: float | None = None, guard_tol
         gain = best["mean"] - start["mean"]
         chosen = min(p["t"] for p in curve if p["mean"] - start["mean"] >= keep_gain * gain)
     if any("guard" in point for point in curve):
-        chosen = min(chosen, guard_limit(curve, guard_tolerance))
+        chosen = min(chosen, guard_limit(curve, guard_tolerance, guard_rule))
     return chosen
 
 
-def guard_limit(curve: Sequence[dict], tolerance: float = 0.0) -> float:
-    """The largest weight up to which (every smaller weight included) no guard set scores more than ``tolerance``
-    below its t = 0 score: how far from ``first`` the domains never trained on allow."""
+def guard_change(start: dict, point: dict, name: str) -> tuple[float, float, float]:
+    """Guard set ``name``'s mean per-query change from ``start`` (t = 0) to ``point``, and its 95% interval
+    (paired bootstrap over the guard queries)."""
+    if "guard_per_query" not in point or "guard_per_query" not in start:
+        raise ValueError("guard_rule bootstrap needs each point's per-query guard scores (guard_per_query): "
+                         "sweep them again with this version of embedlib.training.merge.sweep")
+    return paired_bootstrap(start["guard_per_query"][name], point["guard_per_query"][name])
+
+
+def guard_falls(start: dict, point: dict, name: str, tolerance: float, rule: GuardRule) -> bool:
+    """Whether guard set ``name`` falls from ``start`` to ``point``: by ``rule`` "score", its score is more than
+    ``tolerance`` below; by "bootstrap", the whole 95% interval of its change lies more than ``tolerance`` below
+    zero (a fall that the guard queries' sampling does not explain)."""
+    if rule == "score":
+        return point["guard"][name] < start["guard"][name] - tolerance
+    return guard_change(start, point, name)[2] < -tolerance
+
+
+def guard_limit(curve: Sequence[dict], tolerance: float = 0.0, rule: GuardRule = "score") -> float:
+    """The largest weight up to which (every smaller weight included) no guard set falls (``guard_falls``) from
+    its t = 0 score: how far from ``first`` the domains never trained on allow."""
     start = next(point for point in curve if point["t"] == 0.0)
     limit = 0.0
     for point in sorted(curve, key=lambda p: p["t"]):
-        if any(point["guard"][name] < start["guard"][name] - tolerance for name in start["guard"]):
+        if any(guard_falls(start, point, name, tolerance, rule) for name in start["guard"]):
             break
         limit = point["t"]
     return limit
