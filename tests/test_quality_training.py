@@ -174,6 +174,11 @@ def test_neighbouring_spans(tmp_path):
         assert int(positive[0][1:]) == int(query[-1][1:]) + 1  # the span right after the query
     rows = build_mixture([source], rows=None, batch_size=1, hard_negatives=2)
     assert all(r["doc_id"] not in r["negative_ids"] and r["source"] == "text" for r in rows)
+    assert rows and all(len(r["negatives"]) == 2 for r in rows)
+    replay = dataclasses.replace(source, name="replay", loss="anchor")
+    rows = build_mixture([source, replay], rows=None, batch_size=1, hard_negatives=2)
+    replayed = [r for r in rows if r["source"] == "replay"]
+    assert len(replayed) == 5 and all(r["negatives"] == r["negative_ids"] == [] for r in replayed)  # nothing mined
     guard = unseen_dataset(source, max_docs=6)  # the span pairs as a dev set: each query judges its next span
     assert sorted(guard.qrels) == sorted(p["query_id"] for p in data.pairs)
     assert len(guard.corpus) == 6 and all(set(docs) <= set(guard.corpus) for docs in guard.qrels.values())

@@ -254,11 +254,16 @@ def build_mixture(
     same_source_batches: bool = True,
     seed: int = 0,
 ) -> list[dict]:
-    """Read every source, mine ``hard_negatives`` per source (0: pair rows), and mix them."""
+    """Read every source, mine ``hard_negatives`` per source (0: pair rows), and mix them.
+
+    Anchor-only sources get empty negative lists: their batches train no contrastive term, so nothing is mined for
+    them (and none of their pairs is dropped for want of negatives)."""
     per_source = []
     for source in sources:
         data = read_source(source)
-        if hard_negatives:
+        if hard_negatives and source.loss == "anchor":
+            per_source.append([pair | {"negatives": [], "negative_ids": []} for pair in data.pairs])
+        elif hard_negatives:
             per_source.append(with_negatives(data, hard_negatives, source.negatives_skip_top))
         else:
             per_source.append(data.pairs)
