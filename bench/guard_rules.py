@@ -14,12 +14,15 @@ each rule caps the weight and what ``keep90-dev2000`` (keep 90% of the best mean
 - ``single``: a recipe that forgets (row ``single``: SciFact train alone, one epoch, no anchor; at 128 tokens
   NFCorpus test -0.015, Cranfield -0.012, CISI -0.017): dev = SciFact's held-out training queries, guard =
   NFCorpus dev, a domain it never trained on. Swept whole (dev and guard) by ``embedlib.training.merge.sweep``;
-  the row's model is trained first when missing (about 4 min).
+  the row's model is trained first when missing (about 4 min). The models merged at the weights the rules choose
+  are then evaluated on the quality table's five sets (at 128 tokens, the length the row was trained for), with
+  each set's INT8 change vs the base and its paired-bootstrap 95% interval.
 
     python bench/guard_rules.py                 # every case
     python bench/guard_rules.py --cases single
 
-Writes ``bench/results/guard_rules.{json,png}``.
+Each case's curve is kept under ``--work`` (``guard-curve-<case>.json``, per-query scores included), so a rerun
+reads it instead of sweeping again. Writes ``bench/results/guard_rules.{json,png}``.
 """
 
 from __future__ import annotations
@@ -34,18 +37,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from quality_table import DEV2000, GUARD_SOURCES, MERGE_CONFIG, WORK, model_path  # noqa: E402
+from eval_common import EVAL_CACHE  # noqa: E402
+from quality_table import (  # noqa: E402
+    DEV2000,
+    GUARD_SOURCES,
+    MERGE_CONFIG,
+    QUORA_HELDOUT,
+    WORK,
+    eval_sets,
+    evaluate_model,
+    model_path,
+)
 from result_file import Result  # noqa: E402
 
 from embedlib.config import from_dict  # noqa: E402
 from embedlib.data import default_model_path  # noqa: E402
 from embedlib.encoding.encoder import Encoder  # noqa: E402
+from embedlib.eval.metrics import paired_bootstrap  # noqa: E402
 from embedlib.training.config import MergeConfig, SourceConfig, load_merge_config  # noqa: E402
 from embedlib.training.merge import (  # noqa: E402
     best_weight,
     guard_change,
     guard_limit,
     guard_scores,
+    merge_checkpoints,
     merged_encoder,
     sweep,
 )
@@ -77,8 +92,12 @@ def guard_curve(second: str, weights: list[float], sets: dict, merge: MergeConfi
             for t in weights]
 
 
-def case_curve(case: str, work: Path, merge: MergeConfig, args) -> tuple[list[dict], dict]:
-    """The case's sweep points (``t``, ``mean`` dev score, guard scores per query) and what it measured on."""
+def case_curve(case: str, work: Path, merge: MergeConfig, args) -> dict:
+    """The case's sweep (``curve``: ``t``, ``mean`` dev score, guard scores per query), its ``model``, ``dev`` set
+    names and ``guard_queries``; read from ``work`` when an earlier run kept it."""
+    kept = work / f"guard-curve-{case}.json"
+    if kept.exists():
+        return json.loads(kept.read_text())
     weights = DEV2000["sweep"]
     if case == "single":
         second, _ = model_path(CASES[case], work, args)
@@ -87,15 +106,19 @@ def case_curve(case: str, work: Path, merge: MergeConfig, args) -> tuple[list[di
         sets = {"nfcorpus-dev": (unseen_dataset(nfcorpus, DEV2000["dev_max_docs"]), False)}
         curve = sweep(default_model_path(), second, weights, dev, merge.method, merge.max_length, merge.quantization,
                       merge.cache, sets)
-        return curve, {"model": second, "dev": ["scifact"], "guard": sets}
-    second = str(work / CASES[case])
-    sets = guard_sets(GUARD_SOURCES, DEV2000["dev_max_docs"])
-    dev_mean = saved_dev_curve(CASES[case], work)
-    curve = [point | {"mean": dev_mean[point["t"]]} for point in guard_curve(second, weights, sets, merge)]
-    return curve, {"model": second, "dev": [s.name for s in merge.dev], "guard": sets}
+    else:
+        second = str(work / CASES[case])
+        dev = [source.name for source in merge.dev]
+        sets = guard_sets(GUARD_SOURCES, DEV2000["dev_max_docs"])
+        dev_mean = saved_dev_curve(CASES[case], work)
+        curve = [point | {"mean": dev_mean[point["t"]]} for point in guard_curve(second, weights, sets, merge)]
+    made = {"model": second, "dev": list(dev), "guard_queries": {name: len(d.qrels) for name, (d, _) in sets.items()},
+            "curve": curve}
+    kept.write_text(json.dumps(made))
+    return made
 
 
-def summary(curve: list[dict], sets: dict) -> dict:
+def summary(curve: list[dict]) -> dict:
     """Per rule, the guard's cap and the keep90 choice under it; per guard set, its score and change by weight."""
     start = next(point for point in curve if point["t"] == 0.0)
     return {
@@ -108,9 +131,28 @@ def summary(curve: list[dict], sets: dict) -> dict:
                                   (p["t"], round(p["guard"][name], 4),
                                    *(round(x, 4) for x in guard_change(start, p, name))), strict=True))
                          for p in curve]
-                  for name in sets},
-        "guard_queries": {name: len(dataset.qrels) for name, (dataset, _) in sets.items()},
+                  for name in start["guard"]},
     }
+
+
+def evaluate_choices(case: str, figures: dict, work: Path, args) -> dict:
+    """The base merged with the case's model at each weight a rule chose, on the five evaluation sets: INT8 score
+    and change vs the base (95% interval) per set, keyed by t."""
+    weights = sorted({figures["keep90_without_guard"], *figures["chosen_t"].values(), 1.0})
+    sets = eval_sets(heldout_dataset(QUORA_HELDOUT))
+    base = evaluate_model("base", str(default_model_path()), sets, args)
+    out = {}
+    for t in weights:
+        path = figures["model"] if t == 1.0 else str(work / f"{CASES[case]}-merged-t{t:g}")
+        if t not in (0.0, 1.0) and not (Path(path) / "config.json").exists():
+            merge_checkpoints(default_model_path(), figures["model"], path, t)
+        scores = base if t == 0.0 else evaluate_model(f"{case}@{t:g}", path, sets, args)
+        out[str(t)] = {}
+        for name in sets:
+            change, low, high = paired_bootstrap(base[name]["int8_per_query"], scores[name]["int8_per_query"])
+            out[str(t)][name] = {"metric": scores[name]["metric"], "int8": round(scores[name]["int8"], 4),
+                                 "change": round(change, 4), "ci95": [round(low, 4), round(high, 4)]}
+    return out
 
 
 def rules_png(cases: dict[str, dict]) -> bytes:
@@ -145,6 +187,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {list(CASES)}")
     parser.add_argument("--work", default=WORK, help="bench/quality_table.py's --work, where its models are")
+    parser.add_argument("--eval-max-length", type=int, default=128, help="token cap of the single case's evaluation")
+    parser.add_argument("--cache", default=EVAL_CACHE)
     parser.add_argument("--torch-threads", type=int, default=2)
     args = parser.parse_args()
     args.steps = None  # quality_table.train_row's option: the recipe's own epochs
@@ -157,11 +201,14 @@ def main() -> None:
                "max_length": merge.max_length, "quantization": merge.quantization, "cases": {}}
     for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
         started = time.time()
-        curve, made = case_curve(case, Path(args.work), merge, args)
-        figures["cases"][case] = {"row": CASES[case], "model": made["model"], "dev": made["dev"]} | summary(
-            curve, made["guard"]) | {"wall_s": round(time.time() - started, 1)}
-        print(case, {k: figures["cases"][case][k] for k in ("keep90_without_guard", "guard_limit", "chosen_t")},
-              flush=True)
+        made = case_curve(case, Path(args.work), merge, args)
+        case_figures = {"row": CASES[case], "model": made["model"], "dev": made["dev"],
+                        "guard_queries": made["guard_queries"]} | summary(made["curve"])
+        print(case, {k: case_figures[k] for k in ("keep90_without_guard", "guard_limit", "chosen_t")}, flush=True)
+        if case == "single":
+            case_figures["eval_max_length"] = args.eval_max_length
+            case_figures["evaluated"] = evaluate_choices(case, case_figures, Path(args.work), args)
+        figures["cases"][case] = case_figures | {"wall_s": round(time.time() - started, 1)}
     (result.write(figures).parent / "guard_rules.png").write_bytes(rules_png(figures["cases"]))
 
 
