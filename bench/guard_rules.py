@@ -119,13 +119,16 @@ def case_curve(case: str, work: Path, merge: MergeConfig, args) -> dict:
 
 
 def summary(curve: list[dict]) -> dict:
-    """Per rule, the guard's cap and the keep90 choice under it; per guard set, its score and change by weight."""
+    """Per rule, the guard's cap and the keep90 choice under it (and the best-mean choice); per guard set, its score
+    and change by weight."""
     start = next(point for point in curve if point["t"] == 0.0)
+    unguarded = [{k: v for k, v in p.items() if not k.startswith("guard")} for p in curve]
     return {
-        "keep90_without_guard": best_weight([{k: v for k, v in p.items() if not k.startswith("guard")} for p in curve],
-                                            KEEP_GAIN),
+        "keep90_without_guard": best_weight(unguarded, KEEP_GAIN),
         "guard_limit": {rule: guard_limit(curve, 0.0, rule) for rule in RULES},
         "chosen_t": {rule: best_weight(curve, KEEP_GAIN, 0.0, rule) for rule in RULES},
+        "best_mean_without_guard": best_weight(unguarded),
+        "best_mean_chosen_t": {rule: best_weight(curve, None, 0.0, rule) for rule in RULES},
         "dev_mean": {str(p["t"]): round(p["mean"], 4) for p in curve},
         "guard": {name: [dict(zip(("t", "score", "change", "low", "high"),
                                   (p["t"], round(p["guard"][name], 4),
@@ -138,7 +141,8 @@ def summary(curve: list[dict]) -> dict:
 def evaluate_choices(case: str, figures: dict, work: Path, args) -> dict:
     """The base merged with the case's model at each weight a rule chose, on the five evaluation sets: INT8 score
     and change vs the base (95% interval) per set, keyed by t."""
-    weights = sorted({figures["keep90_without_guard"], *figures["chosen_t"].values(), 1.0})
+    weights = sorted({figures["keep90_without_guard"], *figures["chosen_t"].values(), figures["best_mean_without_guard"],
+                      *figures["best_mean_chosen_t"].values(), 1.0})
     sets = eval_sets(heldout_dataset(QUORA_HELDOUT))
     base = evaluate_model("base", str(default_model_path()), sets, args)
     out = {}
