@@ -19,7 +19,6 @@ so it tells whether general text representations moved, not what Cranfield or CI
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import sys
 import time
@@ -36,6 +35,7 @@ from result_file import Result  # noqa: E402
 from embedlib.data import default_model_path  # noqa: E402
 from embedlib.eval.beir import BeirDataset  # noqa: E402
 from embedlib.eval.metrics import paired_bootstrap  # noqa: E402
+from embedlib.eval.report import figure_png  # noqa: E402
 from embedlib.training.config import SourceConfig  # noqa: E402
 from embedlib.training.mixture import span_source  # noqa: E402
 
@@ -106,11 +106,7 @@ def forest_png(changes: dict[str, dict]) -> bytes:
     ax.set_xlabel(f"INT8 {METRIC} change vs base, 95% paired-bootstrap interval")
     if prefix:
         ax.set_title(f"…: {prefix}", fontsize=8)
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def main() -> None:

@@ -28,7 +28,6 @@ reads it instead of sweeping again. Writes ``bench/results/guard_rules.{json,png
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import time
@@ -54,6 +53,7 @@ from embedlib.config import from_dict  # noqa: E402
 from embedlib.data import default_model_path  # noqa: E402
 from embedlib.encoding.encoder import Encoder  # noqa: E402
 from embedlib.eval.metrics import paired_bootstrap  # noqa: E402
+from embedlib.eval.report import figure_png  # noqa: E402
 from embedlib.training.config import MergeConfig, SourceConfig, load_merge_config  # noqa: E402
 from embedlib.training.merge import (  # noqa: E402
     best_weight,
@@ -180,11 +180,7 @@ def rules_png(cases: dict[str, dict]) -> bytes:
         ax.set_xlabel("t (0: base, 1: fine-tuned)")
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("guard score change vs t = 0 (INT8)")
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def main() -> None:

@@ -82,6 +82,7 @@ from embedlib.config import from_dict  # noqa: E402
 from embedlib.data import default_model_path, resolve_model  # noqa: E402
 from embedlib.eval.beir import BeirDataset, load_beir, read_records  # noqa: E402
 from embedlib.eval.metrics import paired_bootstrap  # noqa: E402
+from embedlib.eval.report import figure_png  # noqa: E402
 from embedlib.eval.run import evaluate_systems  # noqa: E402
 from embedlib.eval.systems import DenseSystem, ModelEmbeddings  # noqa: E402
 from embedlib.models.loading import BINARY_CENTRE_FILE  # noqa: E402
@@ -566,7 +567,6 @@ def markdown(table: dict) -> str:
 
 def table_png(table: dict) -> bytes:
     """Top: INT8 per set and plotted row, binary hatched beside it. Bottom: each row's INT8 change vs base."""
-    import io
 
     import matplotlib
 
@@ -593,11 +593,7 @@ def table_png(table: dict) -> bytes:
     ax.legend(fontsize=7, ncol=2)
     delta.axhline(0, color="black", linewidth=0.8)
     delta.set_ylabel("INT8 change vs base")
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def acceptance(rows: dict) -> dict:

@@ -108,7 +108,7 @@ def recall_curve_png(document: dict) -> bytes:
              title=f"Recall@K — {document['dataset'].get('source', '')}")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    return _png(figure)
+    return figure_png(figure)
 
 
 def scale_png(document: dict) -> bytes:
@@ -124,10 +124,11 @@ def scale_png(document: dict) -> bytes:
     panels[0][0].set_ylabel("Recall")
     panels[0][-1].legend(fontsize=8, loc="lower left")
     figure.suptitle(f"Recall vs corpus size — {document['dataset'].get('source', '')}")
-    return _png(figure)
+    return figure_png(figure)
 
 
-def _png(figure) -> bytes:
+def figure_png(figure) -> bytes:
+    """A matplotlib figure as PNG bytes (tight layout, 120 dpi); the figure is closed."""
     buffer = io.BytesIO()
     figure.tight_layout()
     figure.savefig(buffer, format="png", dpi=120)

@@ -43,15 +43,11 @@ def loss_curves_png(curves: dict[str, Sequence[dict]], ylabel: str = "training l
 
 def finished_png(fig, ax) -> bytes:
     """Legend, grid, tight layout: the figure as PNG bytes (and closed)."""
-    import matplotlib.pyplot as plt
+    from embedlib.eval.report import figure_png
 
     ax.legend()
     ax.grid(alpha=0.3)
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return buffer.getvalue()
+    return figure_png(fig)
 
 
 def merge_curve_png(curve: Sequence[dict], chosen: float, ylabel: str = "dev score (INT8)") -> bytes:
