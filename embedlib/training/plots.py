@@ -51,7 +51,8 @@ def finished_png(fig, ax) -> bytes:
 
 
 def merge_curve_png(curve: Sequence[dict], chosen: float, ylabel: str = "dev score (INT8)") -> bytes:
-    """One PNG of a merge sweep: each dev set's score, their mean and any guard set's score against the weight ``t``."""
+    """One PNG of a merge sweep: each dev set's score, their mean and any guard set's score against the weight ``t``
+    (shaded: its t = 0 score plus the 95% interval of its change, where the points carry ``guard_change``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,8 +63,14 @@ def merge_curve_png(curve: Sequence[dict], chosen: float, ylabel: str = "dev sco
     for name in curve[0]["scores"]:
         ax.plot(ts, [point["scores"][name] for point in curve], marker="o", label=name)
     ax.plot(ts, [point["mean"] for point in curve], marker="s", color="black", label="mean")
+    start = next((point for point in curve if point["t"] == 0.0), None)
     for name in curve[0].get("guard", {}):
-        ax.plot(ts, [point["guard"][name] for point in curve], marker="^", linestyle=":", label=f"{name} (guard)")
+        line, = ax.plot(ts, [point["guard"][name] for point in curve], marker="^", linestyle=":", label=f"{name} (guard)")
+        if start is not None and all("guard_change" in point for point in curve):
+            base = start["guard"][name]
+            ax.fill_between(ts, [base + point["guard_change"][name]["low"] for point in curve],
+                            [base + point["guard_change"][name]["high"] for point in curve], color=line.get_color(),
+                            alpha=0.15, label=f"{name}: t = 0 score + 95% interval of the change")
     ax.axvline(chosen, color="grey", linestyle="--", label=f"chosen t={chosen:g}")
     ax.set_xlabel("t (0: first checkpoint, 1: second)")
     ax.set_ylabel(ylabel)
