@@ -45,6 +45,7 @@ from quality_table import (  # noqa: E402
     WORK,
     eval_sets,
     evaluate_model,
+    int8_change_intervals,
     model_path,
 )
 from result_file import Result  # noqa: E402
@@ -52,7 +53,6 @@ from result_file import Result  # noqa: E402
 from embedlib.config import from_dict  # noqa: E402
 from embedlib.data import default_model_path  # noqa: E402
 from embedlib.encoding.encoder import Encoder  # noqa: E402
-from embedlib.eval.metrics import paired_bootstrap  # noqa: E402
 from embedlib.eval.report import figure_png  # noqa: E402
 from embedlib.training.config import MergeConfig, SourceConfig, load_merge_config  # noqa: E402
 from embedlib.training.merge import (  # noqa: E402
@@ -151,11 +151,8 @@ def evaluate_choices(case: str, figures: dict, work: Path, args) -> dict:
         if t not in (0.0, 1.0) and not (Path(path) / "config.json").exists():
             merge_checkpoints(default_model_path(), figures["model"], path, t)
         scores = base if t == 0.0 else evaluate_model(f"{case}@{t:g}", path, sets, args)
-        out[str(t)] = {}
-        for name in sets:
-            change, low, high = paired_bootstrap(base[name]["int8_per_query"], scores[name]["int8_per_query"])
-            out[str(t)][name] = {"metric": scores[name]["metric"], "int8": round(scores[name]["int8"], 4),
-                                 "change": round(change, 4), "ci95": [round(low, 4), round(high, 4)]}
+        out[str(t)] = {name: {"metric": scores[name]["metric"], "int8": round(scores[name]["int8"], 4)} | change
+                       for name, change in int8_change_intervals(base, scores).items()}
     return out
 
 
